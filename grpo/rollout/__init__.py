@@ -1,0 +1,5 @@
+"""Rollout: sampling G completions per prompt from a causal LM."""
+
+from grpo.rollout.sampler import Generation, completion_mask_from_ids, filter_logits, sample
+
+__all__ = ["Generation", "completion_mask_from_ids", "filter_logits", "sample"]

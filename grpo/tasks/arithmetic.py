@@ -1,0 +1,215 @@
+"""Embedded arithmetic task: problem generator, demonstrations and verifier.
+
+Problems are short integer expressions such as ``47+28-19`` whose prompt is the
+expression followed by ``=``.  A completion reasons inside ``<think>…</think>``
+and answers inside ``<answer>…</answer>``.  Two demonstration styles exist:
+
+* *worked*: ``<think>47+28=75,75-19=56</think><answer>56</answer>`` (one binary
+  operation per step, left to right);
+* *direct*: ``<think></think><answer>56</answer>`` (no working shown).
+
+The ``train`` / ``test`` split of a problem is decided by a stable hash
+(SHA-256) of its canonical string, so the two splits are disjoint by
+construction and identical across processes and machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+SPLITS = ("train", "test")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+#: Text that may trail a decoded completion and is ignored by the verifier.
+TRAILING_SPECIALS = ("<|endoftext|>", "<|pad|>")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Shape of the problems: operand count and range, operators, held-out share."""
+
+    n_operands: int = 3
+    low: int = 10
+    high: int = 99
+    ops: str = "+-"
+    test_percent: int = 10
+
+    def space_size(self) -> int:
+        """Number of distinct problems (before the train/test split)."""
+        n_values = self.high - self.low + 1
+        return n_values**self.n_operands * len(self.ops) ** (self.n_operands - 1)
+
+
+#: The spec used by the embedded model and the demo.
+DEFAULT_SPEC = TaskSpec()
+
+
+def _split_of(problem: str, spec: TaskSpec) -> str:
+    """Deterministic split of a canonical problem string (independent of seeds)."""
+    digest = hashlib.sha256(problem.encode("utf-8")).digest()
+    bucket = int.from_bytes(digest[:8], "big") % 100
+    return "test" if bucket < spec.test_percent else "train"
+
+
+def split_of(problem: str, spec: TaskSpec = DEFAULT_SPEC) -> str:
+    """Return ``"train"`` or ``"test"`` for the expression ``problem`` (e.g. ``"47+28-19"``)."""
+    return _split_of(problem, spec)
+
+
+def evaluate_steps(problem: str) -> list[tuple[int, str, int, int]]:
+    """Evaluate ``problem`` left to right; return ``(lhs, op, rhs, result)`` per step."""
+    tokens = re.findall(r"\d+|[+-]", problem)
+    if not tokens or len(tokens) % 2 == 0:
+        raise ValueError(f"not a +/- expression: {problem!r}")
+    acc = int(tokens[0])
+    steps = []
+    for op, operand in zip(tokens[1::2], tokens[2::2]):
+        rhs = int(operand)
+        result = acc + rhs if op == "+" else acc - rhs
+        steps.append((acc, op, rhs, result))
+        acc = result
+    return steps
+
+
+def solve(problem: str) -> int:
+    """Integer value of a +/- expression, evaluated left to right."""
+    steps = evaluate_steps(problem)
+    return steps[-1][3] if steps else int(problem)
+
+
+def _random_problem(rng: random.Random, spec: TaskSpec) -> str:
+    parts = [str(rng.randint(spec.low, spec.high))]
+    for _ in range(spec.n_operands - 1):
+        parts.append(rng.choice(spec.ops))
+        parts.append(str(rng.randint(spec.low, spec.high)))
+    return "".join(parts)
+
+
+def make_prompt(problem: str) -> str:
+    """Prompt shown to the model: the expression followed by ``=``."""
+    return problem + "="
+
+
+def generate(split: str, n: int, seed: int = 0, spec: TaskSpec = DEFAULT_SPEC, unique: bool = True) -> list[dict]:
+    """Return ``n`` rows ``{"prompt", "answer"}`` from ``split`` ("train" or "test").
+
+    Rows are a deterministic function of ``(split, n, seed, spec)``.  With
+    ``unique=True`` no problem repeats within the call (``ValueError`` if the
+    split cannot supply ``n`` distinct problems in reasonable time).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    rng = random.Random(f"arithmetic:{split}:{seed}")
+    rows: list[dict] = []
+    seen: set[str] = set()
+    budget = 200 * n + 10_000
+    while len(rows) < n:
+        budget -= 1
+        if budget < 0:
+            raise ValueError(f"cannot draw {n} distinct {split!r} problems from {spec}")
+        problem = _random_problem(rng, spec)
+        if _split_of(problem, spec) != split or (unique and problem in seen):
+            continue
+        seen.add(problem)
+        rows.append({"prompt": make_prompt(problem), "answer": str(solve(problem))})
+    return rows
+
+
+def problem_of(prompt: str) -> str:
+    """Inverse of :func:`make_prompt`."""
+    return prompt.strip().removesuffix("=")
+
+
+def worked_completion(problem: str) -> str:
+    """Completion showing one binary operation per step, e.g. ``<think>47+28=75,75-19=56</think>…``."""
+    steps = evaluate_steps(problem)
+    work = ",".join(f"{a}{op}{b}={r}" for a, op, b, r in steps)
+    return f"{THINK_OPEN}{work}{THINK_CLOSE}{ANSWER_OPEN}{solve(problem)}{ANSWER_CLOSE}"
+
+
+def direct_completion(problem: str) -> str:
+    """Completion with empty reasoning: ``<think></think><answer>56</answer>``."""
+    return f"{THINK_OPEN}{THINK_CLOSE}{ANSWER_OPEN}{solve(problem)}{ANSWER_CLOSE}"
+
+
+def sft_examples(n: int, seed: int = 0, worked_fraction: float = 0.25, spec: TaskSpec = DEFAULT_SPEC) -> list[dict]:
+    """``n`` SFT rows ``{"prompt", "completion", "answer"}`` from the train split.
+
+    Each row independently uses the worked style with probability
+    ``worked_fraction`` and the direct style otherwise.  Problems may repeat
+    (sampling is with replacement) so ``n`` may exceed the split size.
+    """
+    if not 0.0 <= worked_fraction <= 1.0:
+        raise ValueError(f"worked_fraction must be in [0, 1], got {worked_fraction}")
+    problems = [problem_of(r["prompt"]) for r in generate("train", n, seed=seed, spec=spec, unique=False)]
+    style_rng = random.Random(f"arithmetic:style:{seed}")
+    rows = []
+    for problem in problems:
+        worked = style_rng.random() < worked_fraction
+        completion = worked_completion(problem) if worked else direct_completion(problem)
+        rows.append({"prompt": make_prompt(problem), "completion": completion, "answer": str(solve(problem))})
+    return rows
+
+
+# --------------------------------------------------------------------------- verifier
+
+_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+_FORMAT_RE = re.compile(
+    re.escape(THINK_OPEN) + r"(.*)" + re.escape(THINK_CLOSE) + re.escape(ANSWER_OPEN) + r"(.*)" + re.escape(ANSWER_CLOSE),
+    re.DOTALL,
+)
+_INT_RE = re.compile(r"[+-]?\d+")
+
+
+def _strip_trailing(completion: str) -> str:
+    text = completion.strip()
+    changed = True
+    while changed:
+        changed = False
+        for special in TRAILING_SPECIALS:
+            if text.endswith(special):
+                text = text[: -len(special)].rstrip()
+                changed = True
+    return text
+
+
+def extract_answer(completion: str) -> str | None:
+    """Stripped content of the last ``<answer>…</answer>`` block, or ``None``."""
+    matches = _ANSWER_RE.findall(completion)
+    return matches[-1].strip() if matches else None
+
+
+def parse_int(text: str | None) -> int | None:
+    """Parse an optionally signed decimal integer; anything else gives ``None``."""
+    if text is None or not _INT_RE.fullmatch(text.strip()):
+        return None
+    return int(text.strip())
+
+
+def is_correct(completion: str, answer: str | int) -> bool:
+    """True iff the extracted answer is an integer equal to ``answer``."""
+    got = parse_int(extract_answer(completion))
+    want = parse_int(str(answer))
+    return got is not None and want is not None and got == want
+
+
+def format_ok(completion: str) -> bool:
+    """Strict format: exactly ``<think>…</think><answer>…</answer>``.
+
+    Surrounding whitespace and trailing ``<|endoftext|>`` / ``<|pad|>`` are
+    ignored; the two contents may not contain any of the four tags.
+    """
+    match = _FORMAT_RE.fullmatch(_strip_trailing(completion))
+    if match is None:
+        return False
+    return not any(tag in group for group in match.groups() for tag in TAGS)
+
+
+def is_worked(completion: str) -> bool:
+    """True iff the ``<think>`` block of a well-formed completion is non-empty."""
+    match = _FORMAT_RE.fullmatch(_strip_trailing(completion))
+    return bool(match and match.group(1).strip())

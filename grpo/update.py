@@ -1,0 +1,92 @@
+"""The policy update: micro-batches, backward, gradient clipping, optimizer step.
+
+This is the only module that calls ``backward()``. Micro-batch losses are shares of the step loss
+(see ``grpo.loss.AGGREGATIONS``), so gradient accumulation equals one full-batch update.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from grpo.config import AlgorithmConfig, OptimConfig
+from grpo.logprobs import completion_logprobs, masked_mean_entropy
+from grpo.loss import AGGREGATIONS, grpo_loss
+from grpo.types import TrainBatch
+
+
+@dataclass
+class UpdateStats:
+    loss: float
+    policy_loss: float
+    kl_loss: float
+    kl: float               # mean per-token KL(pi_theta || pi_ref) estimate (nan when beta == 0)
+    clip_fraction: float    # share of active tokens whose ratio was clipped
+    entropy: float          # mean per-token entropy of the policy
+    grad_norm: float        # before clipping
+    lr: float
+    skipped: bool           # True when the loss or gradient was not finite (no step taken)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+    """AdamW over trainable parameters, with linear warm-up then constant / linear / cosine decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay)
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        return {"constant": 1.0, "linear": 1.0 - progress,
+                "cosine": 0.5 * (1.0 + math.cos(math.pi * progress))}[cfg.lr_scheduler]
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def micro_batches(n: int, size: int) -> list[slice]:
+    """Row slices of at most `size` rows covering range(n) (size 0 = one slice)."""
+    size = size or n
+    return [slice(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: TrainBatch,
+                  algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
+                  max_grad_norm: float) -> UpdateStats:
+    """One optimizer step on `batch`, accumulated over micro-batches."""
+    model.train()
+    T = batch.completion_length
+    normalizer = AGGREGATIONS[algo.loss_agg_mode].normalizer(batch.completion_mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss = policy = kl_loss = kl_sum = clipped = tokens = ent_sum = 0.0
+    for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size):
+        mb = batch.rows(rows)
+        logp, entropy = completion_logprobs(model, mb.input_ids, mb.attention_mask, T, temperature,
+                                            with_entropy=True)                  # [n, T]
+        old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
+        terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
+                          epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=algo.beta,
+                          kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer)
+        terms.loss.backward()
+        loss += float(terms.loss.detach())
+        policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
+        clipped, tokens = clipped + terms.clipped_sum, tokens + terms.tokens
+        ent_sum += masked_mean_entropy(entropy, mb.completion_mask) * terms.tokens
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)  # a non-finite step would poison the weights: drop it
+    else:
+        optimizer.step()
+    lr = optimizer.param_groups[0]["lr"]
+    if not skipped:
+        scheduler.step()
+    tokens_ = max(tokens, 1.0)
+    return UpdateStats(loss=loss, policy_loss=policy, kl_loss=kl_loss,
+                       kl=kl_sum / tokens_ if algo.beta > 0 else float("nan"),
+                       clip_fraction=clipped / tokens_, entropy=ent_sum / tokens_, grad_norm=grad_norm,
+                       lr=lr, skipped=skipped)
