@@ -1,0 +1,162 @@
+"""`grpo train | demo | eval | sft`: the command-line entry points (no training logic here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Any
+
+import yaml
+
+from grpo.config import ConfigError, build_config, field_help, load_yaml
+
+# Common options with flags of their own, and the config key each one sets.
+FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "train.output_dir",
+             "max_steps": "train.max_steps", "seed": "train.seed"}
+
+TRAIN_EPILOG = """\
+Any config key can be set as --section.key VALUE (VALUE is read as YAML: 0.1, true, [a, b]).
+Precedence: defaults < --config FILE < --section.key < the flags above.
+Examples:
+  grpo train                                   # embedded arithmetic task and base policy
+  grpo train --config my.yaml --max-steps 50 --algorithm.beta 0.0 --rollout.num_generations 16
+  grpo train --model ./my-model --dataset prompts.jsonl --reward my_rewards.py:correct
+List every key with its default and meaning: grpo train --help-config
+"""
+
+
+def parse_overrides(tokens: list[str]) -> dict[str, Any]:
+    """['--a.b', '1', '--c.d=x'] -> {'a.b': 1, 'c.d': 'x'}; anything else is an error."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or "." not in tok:
+            raise ConfigError(f"unrecognised argument '{tok}' (config keys are given as --section.key VALUE)")
+        key, eq, value = tok[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(tokens):
+                raise ConfigError(f"config key '{key}' needs a value")
+            value, i = tokens[i + 1], i + 1
+        try:
+            out[key] = yaml.safe_load(value) if value != "" else None
+        except yaml.YAMLError:
+            out[key] = value
+        i += 1
+    return out
+
+
+def config_from_args(args: argparse.Namespace, extra: list[str]):
+    nested = load_yaml(args.config) if args.config else {}
+    overrides = parse_overrides(extra)
+    for flag, key in FLAG_KEYS.items():
+        if getattr(args, flag, None) is not None:
+            overrides[key] = getattr(args, flag)
+    if args.reward:
+        overrides["reward.functions"] = args.reward
+    return build_config(nested, overrides)
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.help_config:
+        for key, default, help_text in field_help():
+            print(f"{key:34s} {default!s:22s} {help_text}")
+        return 0
+    cfg = config_from_args(args, extra)
+    from grpo.trainer import train
+
+    result = train(cfg)
+    print(f"done: {result.steps} steps in {result.wall_s:.0f}s; metrics in {result.output_dir / cfg.log.metrics_file}"
+          + (f"; policy saved to {result.checkpoint}" if result.checkpoint else ""))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.demo import run_demo
+
+    run_demo(args.out, steps=args.steps, eval_problems=args.eval_problems, seed=args.seed,
+             overrides=parse_overrides(extra))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.evaluate import evaluate
+    from grpo.models import EMBEDDED_MODEL_DIR, load_policy
+    from grpo.rewards import load_reward
+    from grpo.tasks import TASKS
+
+    model, tokenizer = load_policy(args.model or str(EMBEDDED_MODEL_DIR))
+    rows = TASKS[args.task].generate("test", args.problems, seed=args.seed)
+    rewards = [load_reward(r) for r in (args.reward or ["accuracy", "format"])]
+    scores = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, seed=args.seed)
+    for name, value in scores.items():
+        print(f"{name:20s} {value:.4f}")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.sft import main as sft_main
+
+    return sft_main(extra)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo", description="Post-train language models with GRPO.")
+    parser.add_argument("--debug", action="store_true", help="Show full tracebacks on errors.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="Run GRPO training.", epilog=TRAIN_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config file (sections: model, data, rollout, reward, algorithm, optim, train, log).")
+    p.add_argument("--model", help="Local Hugging Face model directory (default: the embedded base policy).")
+    p.add_argument("--dataset", help="JSONL prompt file (default: the embedded arithmetic task).")
+    p.add_argument("--reward", action="append", help="Reward function: a built-in name or file.py:function (repeatable).")
+    p.add_argument("--output-dir", dest="output_dir", help="Output directory (metrics.jsonl, config.yaml, checkpoint).")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="Number of GRPO steps.")
+    p.add_argument("--seed", type=int, help="Random seed.")
+    p.add_argument("--help-config", action="store_true", help="List every config key with its default and help.")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("demo", help="Evaluate the base policy, run GRPO, evaluate again (embedded task).",
+                       epilog="Extra --section.key VALUE options override the demo's training config.")
+    p.add_argument("--out", default="runs/demo", help="Output directory (default: runs/demo).")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's setting).")
+    p.add_argument("--eval-problems", dest="eval_problems", type=int, default=256,
+                   help="Held-out problems evaluated before and after (default: 256).")
+    p.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("eval", help="Greedy accuracy of a policy on the embedded task's held-out split.")
+    p.add_argument("--model", help="Model directory (default: the embedded base policy).")
+    p.add_argument("--task", default="arithmetic", help="Embedded task (default: arithmetic).")
+    p.add_argument("--problems", type=int, default=256, help="Held-out problems (default: 256).")
+    p.add_argument("--reward", action="append", help="Reward functions to report (default: accuracy, format).")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default).")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("sft", help="Cold-start supervised fine-tuning of the embedded base policy "
+                                   "(`grpo sft --help` for its options).", add_help=False)
+    p.set_defaults(func=cmd_sft)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "eval" and extra:
+        parser.error(f"unrecognised arguments: {' '.join(extra)}")
+    try:
+        return args.func(args, extra)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
