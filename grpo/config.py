@@ -149,6 +149,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             return int(value)
         raise ConfigError(f"config key '{key}' expects an integer, got {value!r}")
     if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"config key '{key}' expects a number, got {value!r}")

@@ -81,6 +81,7 @@ def run_sft(
     warmup_steps: int | None = None,
     weight_decay: float = 0.01,
     log_every: int = 50,
+    spec: arithmetic.TaskSpec = arithmetic.DEFAULT_SPEC,
     log=print,
 ) -> dict:
     """Train a fresh ``size`` policy on arithmetic demonstrations and save it to ``out_dir``.
@@ -92,7 +93,7 @@ def run_sft(
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, size=size, seed=seed)
     model.train()
-    rows = arithmetic.sft_examples(num_examples, seed=seed, worked_fraction=worked_fraction)
+    rows = arithmetic.sft_examples(num_examples, seed=seed, worked_fraction=worked_fraction, spec=spec)
     prompts = [r["prompt"] for r in rows]
     completions = [r["completion"] for r in rows]
     warmup = warmup_steps if warmup_steps is not None else max(1, steps // 20)

@@ -99,12 +99,12 @@ def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = No
     """Run `cfg.train.max_steps` GRPO steps; write metrics.jsonl, config.yaml, the final policy."""
     start = time.perf_counter()
     seed_everything(cfg.train.seed)
+    rewards = [load_reward(spec) for spec in cfg.reward.functions]  # cheap checks first: fail fast
+    stream = PromptStream(load_prompt_rows(cfg.data, cfg.train.seed), cfg.train.seed, cfg.data.shuffle)
     if model is None:
         model, tokenizer = load_model(cfg)
     device = next(model.parameters()).device
     ref_model = frozen_copy(model) if cfg.algorithm.beta > 0 else None   # beta = 0: no reference at all
-    rewards = [load_reward(spec) for spec in cfg.reward.functions]
-    stream = PromptStream(load_prompt_rows(cfg.data, cfg.train.seed), cfg.train.seed, cfg.data.shuffle)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.train.max_steps * cfg.algorithm.num_iterations)
     rng = torch.Generator(device=device).manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)

@@ -2,4 +2,7 @@
 
 from grpo.tasks import arithmetic
 
-__all__ = ["arithmetic"]
+#: Embedded tasks by name (`data.task`): each has generate(split, n, seed) and a verifier.
+TASKS = {"arithmetic": arithmetic}
+
+__all__ = ["TASKS", "arithmetic"]
