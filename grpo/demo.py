@@ -18,8 +18,8 @@ from grpo.config import build_config
 DEMO_CONFIG: dict[str, dict[str, Any]] = {
     "rollout": {"num_generations": 8, "max_new_tokens": 40, "temperature": 1.0},
     "algorithm": {"beta": 0.04, "epsilon": 0.2},
-    "optim": {"lr": 2e-4, "warmup_steps": 5, "max_grad_norm": 1.0},
-    "train": {"prompts_per_step": 8, "max_steps": 150},
+    "optim": {"lr": 3e-5, "warmup_steps": 5, "max_grad_norm": 1.0},
+    "train": {"prompts_per_step": 16, "max_steps": 150},
 }
 
 
