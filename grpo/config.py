@@ -88,6 +88,7 @@ class TrainConfig:
     micro_batch_size: int = _f(0, "Completions per forward/backward pass (gradient accumulation); 0 = all at once.")
     max_steps: int = _f(100, "Number of GRPO steps.")
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
+    num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")
     output_dir: str = _f("runs/train", "Where metrics.jsonl and the final checkpoint are written.")
     save_final: bool = _f(True, "Save the trained policy to output_dir/checkpoint-<step> at the end.")
 
@@ -242,6 +243,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.prompts_per_step >= 1, "train.prompts_per_step must be >= 1"),
         (cfg.train.micro_batch_size >= 0, "train.micro_batch_size must be >= 0"),
         (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
+        (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
         (len(cfg.reward.functions) >= 1, "reward.functions must name at least one reward function"),
         (cfg.reward.weights is None or len(cfg.reward.weights) == len(cfg.reward.functions),
          "reward.weights must have one weight per entry of reward.functions"),

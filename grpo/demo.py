@@ -49,6 +49,8 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     if steps is not None:
         flat["train.max_steps"] = steps
     cfg = build_config(DEMO_CONFIG, flat)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(seed)
     model, tokenizer = load_policy(str(EMBEDDED_MODEL_DIR))
     held_out = generate("test", eval_problems, seed=seed)

@@ -48,12 +48,39 @@ def build_batch(tokenizer, prompts: list[str], completions: list[str], add_eos: 
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def completion_loss(model, batch: dict) -> torch.Tensor:
-    """Mean next-token cross-entropy over positions whose label is not ignored."""
+def completion_loss(model, batch: dict, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy over positions whose label is not ignored (``"mean"`` or ``"sum"``)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     shift_logits = logits[:, :-1].reshape(-1, logits.size(-1)).float()
     shift_labels = batch["labels"][:, 1:].reshape(-1)
-    return F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction=reduction)
+
+
+def length_buckets(lengths: list[int], width: int = 8) -> list[list[int]]:
+    """Group indices whose lengths fall in the same ``width``-token bucket (less padding per forward)."""
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(n // width, []).append(i)
+    return [groups[k] for k in sorted(groups)]
+
+
+def sft_step_loss(model, tokenizer, prompts: list[str], completions: list[str]) -> float:
+    """Backpropagate the mean completion loss of one batch, one forward per length bucket.
+
+    Equivalent to ``completion_loss`` on the whole (padded) batch, but short
+    direct demonstrations are not padded to the length of worked ones.
+    Returns the loss value; gradients are accumulated into ``model``.
+    """
+    lengths = [len(ids) for ids in tokenizer([p + c for p, c in zip(prompts, completions)], add_special_tokens=False)["input_ids"]]
+    buckets = length_buckets(lengths)
+    batches = [build_batch(tokenizer, [prompts[i] for i in b], [completions[i] for i in b]) for b in buckets]
+    n_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+    total = 0.0
+    for batch in batches:
+        loss = completion_loss(model, batch, reduction="sum") / n_tokens
+        loss.backward()
+        total += loss.item()
+    return total
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float = 0.1):
@@ -117,14 +144,11 @@ def run_sft(
             order, cursor = torch.randperm(len(rows), generator=generator).tolist(), 0
         idx = order[cursor : cursor + batch_size]
         cursor += batch_size
-        batch = build_batch(tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx])
-        loss = completion_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        value = sft_step_loss(model, tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx])
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
-        value = loss.item()
         first_loss = value if first_loss is None else first_loss
         recent = (recent + [value])[-max(1, log_every) :]
         if log_every and (step % log_every == 0 or step == steps):
@@ -247,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-n", type=int, default=0,
                         help="after training, evaluate on N held-out test problems, greedy and sampled (default: off)")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per problem for the sampled evaluation (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice; 1 is faster on a busy machine)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     stats = run_sft(
         args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, worked_fraction=args.worked_fraction,
         seed=args.seed, size=args.size, num_examples=args.num_examples, warmup_steps=args.warmup_steps,

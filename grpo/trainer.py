@@ -98,6 +98,8 @@ def save_policy(model, tokenizer, path: Path) -> Path:
 def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None) -> TrainResult:
     """Run `cfg.train.max_steps` GRPO steps; write metrics.jsonl, config.yaml, the final policy."""
     start = time.perf_counter()
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
     seed_everything(cfg.train.seed)
     rewards = [load_reward(spec) for spec in cfg.reward.functions]  # cheap checks first: fail fast
     stream = PromptStream(load_prompt_rows(cfg.data, cfg.train.seed), cfg.train.seed, cfg.data.shuffle)

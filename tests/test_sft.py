@@ -58,6 +58,21 @@ def test_loss_ignores_prompt_tokens(tokenizer):
     assert torch.isclose(base, sft.completion_loss(model, batch))
 
 
+def test_bucketed_step_matches_full_batch(tokenizer):
+    rows = A.sft_examples(24, seed=1, worked_fraction=0.5)
+    prompts, completions = [r["prompt"] for r in rows], [r["completion"] for r in rows]
+    assert len(sft.length_buckets([len(p + c) for p, c in zip(prompts, completions)])) > 1
+    model = build_model(tokenizer, "micro", seed=0)
+    full = sft.completion_loss(model, sft.build_batch(tokenizer, prompts, completions))
+    full.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    value = sft.sft_step_loss(model, tokenizer, prompts, completions)
+    assert value == pytest.approx(full.item(), rel=1e-5)
+    for want, p in zip(expected, model.parameters()):
+        assert torch.allclose(p.grad, want, atol=1e-6)
+
+
 def test_lr_schedule():
     f = sft.lr_lambda(10, 100, min_ratio=0.1)
     assert f(0) == pytest.approx(0.1)

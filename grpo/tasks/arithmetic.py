@@ -37,9 +37,11 @@ class TaskSpec:
     high: int = 99
     ops: str = "+-"
     test_percent: int = 10
+    #: Only keep problems whose left-to-right partial results are all >= 0.
+    nonnegative: bool = False
 
     def space_size(self) -> int:
-        """Number of distinct problems (before the train/test split)."""
+        """Number of distinct problems (before the train/test split and ``nonnegative`` filter)."""
         n_values = self.high - self.low + 1
         return n_values**self.n_operands * len(self.ops) ** (self.n_operands - 1)
 
@@ -113,6 +115,8 @@ def generate(split: str, n: int, seed: int = 0, spec: TaskSpec = DEFAULT_SPEC, u
             raise ValueError(f"cannot draw {n} distinct {split!r} problems from {spec}")
         problem = _random_problem(rng, spec)
         if _split_of(problem, spec) != split or (unique and problem in seen):
+            continue
+        if spec.nonnegative and any(step[3] < 0 for step in evaluate_steps(problem)):
             continue
         seen.add(problem)
         rows.append({"prompt": make_prompt(problem), "answer": str(solve(problem))})
