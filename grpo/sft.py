@@ -98,10 +98,10 @@ def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float = 0.1):
 def run_sft(
     out_dir,
     *,
-    steps: int = 600,
+    steps: int = 1000,
     batch_size: int = 64,
-    lr: float = 3e-3,
-    worked_fraction: float = 0.25,
+    lr: float = 2e-3,
+    worked_fraction: float = 0.45,
     seed: int = 0,
     size: str = "small",
     num_examples: int = 40_000,
@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         "that mix worked (<think>a+b=c,...</think>) and direct (<think></think>) solutions.",
     )
     parser.add_argument("--out", required=True, help="output directory (model + tokenizer, save_pretrained format)")
-    parser.add_argument("--steps", type=int, default=600, help="optimizer steps (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per step (default: %(default)s)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default: %(default)s)")
-    parser.add_argument("--worked-fraction", type=float, default=0.25,
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (default: %(default)s)")
+    parser.add_argument("--worked-fraction", type=float, default=0.45,
                         help="share of demonstrations that show worked steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data, init and shuffling (default: %(default)s)")
     parser.add_argument("--size", choices=["small", "micro"], default="small", help="model preset (default: %(default)s)")

@@ -26,6 +26,15 @@ def test_rows_have_expected_shape_and_answers():
         assert int(row["answer"]) == eval(problem)  # left-to-right +/- equals Python's evaluation
 
 
+def test_nonnegative_partials():
+    assert A.DEFAULT_SPEC.nonnegative
+    for row in A.generate("train", 300, seed=2):
+        assert all(step[3] >= 0 for step in A.evaluate_steps(A.problem_of(row["prompt"])))
+    signed = A.TaskSpec(n_operands=4, low=0, high=19, nonnegative=False)
+    rows = A.generate("train", 300, seed=2, spec=signed)
+    assert any(int(r["answer"]) < 0 for r in rows)
+
+
 def test_unique_within_call():
     rows = A.generate("test", 300, seed=0)
     assert len({r["prompt"] for r in rows}) == 300
@@ -51,8 +60,11 @@ def test_split_share_matches_spec():
                 for o1 in "+-" for o2 in "+-"]
     share = sum(A.split_of(p, spec) == "test" for p in problems) / len(problems)
     assert 0.17 < share < 0.23
+    tiny = A.TaskSpec(n_operands=2, low=0, high=3, ops="+", test_percent=50)  # 16 problems in all
+    n_test = sum(A.split_of(f"{a}+{b}", tiny) == "test" for a in range(4) for b in range(4))
+    assert len(A.generate("test", n_test, spec=tiny)) == n_test
     with pytest.raises(ValueError):
-        A.generate("test", len(problems), spec=spec)  # not enough distinct test problems
+        A.generate("test", n_test + 1, spec=tiny)  # not enough distinct test problems
     with pytest.raises(ValueError):
         A.generate("valid", 3)
 

@@ -33,8 +33,8 @@ class TaskSpec:
     """Shape of the problems: operand count and range, operators, held-out share."""
 
     n_operands: int = 3
-    low: int = 10
-    high: int = 99
+    low: int = 0
+    high: int = 19
     ops: str = "+-"
     test_percent: int = 10
     #: Only keep problems whose left-to-right partial results are all >= 0.
@@ -46,8 +46,9 @@ class TaskSpec:
         return n_values**self.n_operands * len(self.ops) ** (self.n_operands - 1)
 
 
-#: The spec used by the embedded model and the demo.
-DEFAULT_SPEC = TaskSpec()
+#: The spec used by the embedded model and the demo: 4 operands in 0..19,
+#: partial results never negative (see grpo/assets/arithmetic-sft/README.md for why).
+DEFAULT_SPEC = TaskSpec(n_operands=4, low=0, high=19, nonnegative=True)
 
 
 def _split_of(problem: str, spec: TaskSpec) -> str:
