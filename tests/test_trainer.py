@@ -1,0 +1,65 @@
+import json
+
+import torch
+
+from grpo.config import build_config
+from grpo.models import build_model, build_tokenizer
+from grpo.trainer import decode_completions, repeat_each, train
+
+
+def run(tmp_path, reward_file, **over):
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    flat = {"train.output_dir": str(tmp_path), "train.max_steps": 2, "train.prompts_per_step": 2,
+            "rollout.num_generations": 4, "rollout.max_new_tokens": 6, "optim.lr": 1e-2,
+            "data.num_train_prompts": 20, "log.progress_bar": False, "train.save_final": False,
+            "reward.functions": [f"{reward_file}:digits_reward"], **over}
+    result = train(build_config(overrides=flat), model, tok)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return before, result, records
+
+
+def test_beta_zero_has_no_reference_and_mu_two_reuses_the_batch(tmp_path, monkeypatch):
+    reward_file = tmp_path / "r.py"
+    reward_file.write_text("def digits_reward(prompts, completions, **kw):\n"
+                           "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    import grpo.trainer as trainer_module
+
+    copies, batches = [], []
+    monkeypatch.setattr(trainer_module, "frozen_copy", lambda m: copies.append(m) or m)
+    real_update = trainer_module.policy_update
+    monkeypatch.setattr(trainer_module, "policy_update", lambda m, o, s, batch, *a, **k: batches.append(batch)
+                        or real_update(m, o, s, batch, *a, **k))
+    before, result, records = run(tmp_path / "a", reward_file, **{"algorithm.beta": 0.0, "algorithm.num_iterations": 2})
+    assert copies == []                                      # beta = 0: no reference model built
+    assert records[0]["kl/mean"] is None                     # and no KL to report
+    assert any(not torch.equal(a, b) for a, b in zip(before, result.model.parameters()))
+    assert records[0]["optim/lr"] == 1e-2 and result.checkpoint is None
+    # mu = 2: two optimizer steps per generation batch, on the same batch with stored old log-probs
+    assert len(batches) == 4 and batches[0] is batches[1] and batches[2] is batches[3]
+    assert batches[0].old_logprobs is not None and batches[0].ref_logprobs is None
+
+
+def test_same_seed_same_metrics(tmp_path):
+    reward_file = tmp_path / "r.py"
+    reward_file.write_text("def digits_reward(prompts, completions, **kw):\n"
+                           "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("time/", "rollout/tokens"))}  # noqa: E731
+    _, a, ra = run(tmp_path / "a", reward_file)
+    _, b, rb = run(tmp_path / "b", reward_file)
+    assert [drop(r) for r in ra] == [drop(r) for r in rb]
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_helpers():
+    assert repeat_each(["a", "b"], 3) == ["a", "a", "a", "b", "b", "b"]
+
+    class Gen:
+        completion_ids = torch.tensor([[5, 6, 1, 0], [7, 7, 7, 7]])
+        completion_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+
+    tok = build_tokenizer()
+    texts = decode_completions(tok, Gen())
+    assert texts[0] == tok.decode([5, 6]) and "<|endoftext|>" not in texts[0]
+    assert texts[1] == tok.decode([7, 7, 7, 7])
