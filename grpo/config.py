@@ -61,7 +61,7 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    advantage_estimator: str = _f("grpo", "Advantage estimator (registry in grpo/advantages.py): grpo.")
+    advantage_estimator: str = _f("grpo", "Advantage estimator (registry in grpo/advantages.py): grpo | dr_grpo | rloo | reinforce_pp.")
     advantage_eps: float = _f(1e-4, "eps in A = (r - mean) / (std + eps).")
     epsilon: float = _f(0.2, "Lower clip range of the importance ratio: 1 - epsilon.")
     epsilon_high: float | None = _f(None, "Upper clip range 1 + epsilon_high (default: epsilon; DAPO: 0.28).")

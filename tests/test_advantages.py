@@ -57,3 +57,58 @@ def test_bad_shapes_raise():
 
 def test_registry():
     assert ADVANTAGE_ESTIMATORS["grpo"] is grpo_advantages
+
+
+def ref_rloo(rewards, G):
+    out = []
+    for s in range(0, len(rewards), G):
+        g = [float(x) for x in rewards[s:s + G]]
+        out += [0.0 if len(set(g)) == 1 else g[i] - sum(g[j] for j in range(G) if j != i) / (G - 1) for i in range(G)]
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def ref_dr_grpo(rewards, G):
+    out = []
+    for s in range(0, len(rewards), G):
+        g = [float(x) for x in rewards[s:s + G]]
+        out += [0.0 if len(set(g)) == 1 else x - sum(g) / G for x in g]
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def ref_reinforce_pp(rewards, G, eps):
+    a = ref_dr_grpo(rewards, G).tolist()
+    mean = sum(a) / len(a)
+    std = (sum((x - mean) ** 2 for x in a) / (len(a) - 1)) ** 0.5
+    return torch.tensor([(x - mean) / (std + eps) for x in a], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name,ref", [
+    ("dr_grpo", lambda r, G: ref_dr_grpo(r, G)),
+    ("rloo", lambda r, G: ref_rloo(r, G)),
+    ("reinforce_pp", lambda r, G: ref_reinforce_pp(r, G, 1e-4)),
+])
+def test_estimators_match_float64_references(name, ref):
+    g = torch.Generator().manual_seed(2)
+    rewards = torch.randint(0, 3, (5 * 4,), generator=g).float()
+    rewards[:4] = 1.0                                          # a tied group
+    got = ADVANTAGE_ESTIMATORS[name](rewards, 4, 1e-4)
+    assert torch.allclose(got.values.double(), ref(rewards.tolist(), 4), atol=1e-5)
+    assert got.zero_std_groups >= 1 and not torch.isnan(got.values).any()
+
+
+def test_rloo_hand_values():
+    # group [1, 0, 0, 0]: A_0 = 1 - 0 = 1; A_j = 0 - 1/3 = -1/3 (= G/(G-1) * (r - mean))
+    got = ADVANTAGE_ESTIMATORS["rloo"](torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, 1e-4).values
+    assert torch.allclose(got, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
+    # Dr. GRPO on the same group: r - 0.25
+    got = ADVANTAGE_ESTIMATORS["dr_grpo"](torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, 1e-4).values
+    assert torch.allclose(got, torch.tensor([0.75, -0.25, -0.25, -0.25]))
+
+
+def test_all_tied_batch_gives_zero_everywhere():
+    for name, fn in ADVANTAGE_ESTIMATORS.items():
+        out = fn(torch.full((8,), 0.5), 4, 1e-4)
+        assert torch.equal(out.values, torch.zeros(8)), name
+        assert out.zero_std_groups == 2
+        with pytest.raises(ValueError, match="group_size must be >= 2"):
+            fn(torch.zeros(3), 1, 1e-4)
