@@ -67,7 +67,9 @@ class AlgorithmConfig:
     epsilon_high: float | None = _f(None, "Upper clip range 1 + epsilon_high (default: epsilon; DAPO: 0.28).")
     beta: float = _f(0.04, "KL coefficient; 0 skips the reference model entirely.")
     kl_estimator: str = _f("k3", "KL estimator (registry in grpo/loss.py): k3 | k1 | k2.")
-    loss_agg_mode: str = _f("seq-mean-token-mean", "Loss aggregation (registry in grpo/loss.py).")
+    loss_agg_mode: str = _f("seq-mean-token-mean", "Loss aggregation (registry in grpo/loss.py): seq-mean-token-mean | "
+                            "token-mean | seq-mean-token-sum | seq-mean-token-sum-norm.")
+    loss_norm_length: int = _f(0, "Constant L of seq-mean-token-sum-norm (0 = rollout.max_new_tokens).")
     num_iterations: int = _f(1, "mu: optimizer steps per generation batch (old log-probs stored).")
 
 
@@ -231,6 +233,7 @@ def validate(cfg: Config) -> None:
         (cfg.algorithm.beta >= 0, "algorithm.beta must be >= 0"),
         (cfg.algorithm.advantage_eps >= 0, "algorithm.advantage_eps must be >= 0"),
         (cfg.algorithm.num_iterations >= 1, "algorithm.num_iterations must be >= 1"),
+        (cfg.algorithm.loss_norm_length >= 0, "algorithm.loss_norm_length must be >= 0"),
         (cfg.algorithm.advantage_estimator in ADVANTAGE_ESTIMATORS,
          f"algorithm.advantage_estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)}"),
         (cfg.algorithm.kl_estimator in KL_ESTIMATORS, f"algorithm.kl_estimator must be one of {sorted(KL_ESTIMATORS)}"),

@@ -74,7 +74,7 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
 @dataclass(frozen=True)
 class Aggregation:
     numerator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (values [n, T], mask [n, T]) -> scalar
-    normalizer: Callable[[torch.Tensor], float]                      # (mask of the whole step [N, T]) -> float
+    normalizer: Callable[[torch.Tensor, int], float]                 # (mask of the whole step [N, T], L) -> float
 
 
 def _seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -89,9 +89,14 @@ def _token_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 AGGREGATIONS: dict[str, Aggregation] = {
     # GRPO (DeepSeekMath): mean over each completion's tokens, then mean over completions.
-    "seq-mean-token-mean": Aggregation(_seq_mean_token_mean, lambda mask: float(mask.shape[0])),
+    "seq-mean-token-mean": Aggregation(_seq_mean_token_mean, lambda mask, L: float(mask.shape[0])),
     # DAPO: mean over every active token of the step.
-    "token-mean": Aggregation(_token_sum, lambda mask: float(mask.sum().clamp(min=1))),
+    "token-mean": Aggregation(_token_sum, lambda mask, L: float(mask.sum().clamp(min=1))),
+    # Sum over each completion's tokens, mean over completions (long completions weigh more).
+    "seq-mean-token-sum": Aggregation(_token_sum, lambda mask, L: float(mask.shape[0])),
+    # Dr. GRPO: token sum divided by a constant L (default: the maximum completion length), then
+    # mean over completions, so no length bias enters through a per-completion 1/|o_i|.
+    "seq-mean-token-sum-norm": Aggregation(_token_sum, lambda mask, L: float(mask.shape[0] * L)),
 }
 
 
@@ -120,7 +125,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
               normalizer: float) -> LossTerms:
     """GRPO loss of a micro-batch (see module docstring).
 
-    ``normalizer`` comes from ``AGGREGATIONS[agg_mode].normalizer(mask_of_whole_step)``.
+    ``normalizer`` comes from ``AGGREGATIONS[agg_mode].normalizer(mask_of_whole_step, L)``.
 
     Shape:
         logp, old_logp, ref_logp, mask: [n, T]; advantages: [n]  ->  scalar loss

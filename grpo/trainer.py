@@ -131,7 +131,9 @@ def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = No
         t1 = time.perf_counter()
         stats = [policy_update(model, optimizer, scheduler, batch, algo, temperature=ro.temperature,
                                micro_batch_size=cfg.train.micro_batch_size,
-                               max_grad_norm=cfg.optim.max_grad_norm) for _ in range(algo.num_iterations)]
+                               max_grad_norm=cfg.optim.max_grad_norm,
+                               norm_length=algo.loss_norm_length or ro.max_new_tokens)
+                 for _ in range(algo.num_iterations)]
         t_update, t_step = time.perf_counter() - t1, time.perf_counter() - t0
         u = mean_stats(stats)
         logger.log({

@@ -55,11 +55,16 @@ def micro_batches(n: int, size: int) -> list[slice]:
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: TrainBatch,
                   algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
-                  max_grad_norm: float) -> UpdateStats:
-    """One optimizer step on `batch`, accumulated over micro-batches."""
+                  max_grad_norm: float, norm_length: int = 0) -> UpdateStats:
+    """One optimizer step on `batch`, accumulated over micro-batches.
+
+    `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
+    `algorithm.loss_norm_length`, else `rollout.max_new_tokens`).
+    """
     model.train()
     T = batch.completion_length
-    normalizer = AGGREGATIONS[algo.loss_agg_mode].normalizer(batch.completion_mask)
+    norm_length = norm_length or algo.loss_norm_length or batch.completion_length
+    normalizer = AGGREGATIONS[algo.loss_agg_mode].normalizer(batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
     loss = policy = kl_loss = kl_sum = clipped = tokens = ent_sum = 0.0
     for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size):

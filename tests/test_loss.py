@@ -39,7 +39,7 @@ def random_inputs(N=5, T=7, seed=0):
 def test_grpo_loss_matches_float64_reference(eps_low, eps_high, beta):
     logp, old, ref, adv, mask = random_inputs()
     got = grpo_loss(logp, old, ref, adv, mask, epsilon=eps_low, epsilon_high=eps_high, beta=beta,
-                    normalizer=AGGREGATIONS["seq-mean-token-mean"].normalizer(mask))
+                    normalizer=AGGREGATIONS["seq-mean-token-mean"].normalizer(mask, 7))
     want = reference_grpo_loss(logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(),
                                eps_low, eps_high, beta)
     assert float(got.loss) == pytest.approx(want, abs=1e-10)
@@ -78,10 +78,10 @@ def test_seq_mean_token_mean_hand_values():
     values = torch.tensor([[1.0, 3.0, 9.0], [4.0, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     agg = AGGREGATIONS["seq-mean-token-mean"]
-    assert float(agg.numerator(values, mask) / agg.normalizer(mask)) == pytest.approx(3.0)
+    assert float(agg.numerator(values, mask) / agg.normalizer(mask, 3)) == pytest.approx(3.0)
     # token-mean: (1 + 3 + 4) / 3
     agg = AGGREGATIONS["token-mean"]
-    assert float(agg.numerator(values, mask) / agg.normalizer(mask)) == pytest.approx(8 / 3)
+    assert float(agg.numerator(values, mask) / agg.normalizer(mask, 3)) == pytest.approx(8 / 3)
     assert float(masked_mean(values, mask)) == pytest.approx(8 / 3)
 
 
@@ -111,3 +111,44 @@ def test_kl_is_added_to_the_loss_not_the_advantage():
     k3 = kl_k3(logp, ref)
     want = 0.5 * sum(float((k3[i] * mask[i]).sum() / mask[i].sum()) for i in range(5)) / 5
     assert float(out.loss) == pytest.approx(want, abs=1e-12)
+
+
+def reference_aggregate(values, mask, mode, L):
+    """Each aggregation mode written out in float64 with Python loops."""
+    rows = [[v for v, m in zip(vr, mr) if m] for vr, mr in zip(values, mask)]
+    N = len(rows)
+    if mode == "seq-mean-token-mean":
+        return sum(sum(r) / max(len(r), 1) for r in rows) / N
+    if mode == "token-mean":
+        return sum(sum(r) for r in rows) / max(sum(len(r) for r in rows), 1)
+    if mode == "seq-mean-token-sum":
+        return sum(sum(r) for r in rows) / N
+    if mode == "seq-mean-token-sum-norm":
+        return sum(sum(r) / L for r in rows) / N
+    raise KeyError(mode)
+
+
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
+def test_every_aggregation_matches_reference_and_micro_batches_add_up(mode):
+    logp, old, ref, adv, mask = random_inputs()
+    mask[1] = 0.0                                              # an empty completion
+    kw = dict(epsilon=0.2, epsilon_high=0.28, beta=0.04, kl_estimator="k3", agg_mode=mode)
+    agg = AGGREGATIONS[mode]
+    normalizer = agg.normalizer(mask, 10)
+    full = grpo_loss(logp, old, ref, adv, mask, normalizer=normalizer, **kw)
+    per_token = (clipped_surrogate(logp, old, adv, 0.2, 0.28)[0] + 0.04 * kl_k3(logp, ref)).tolist()
+    assert float(full.loss) == pytest.approx(reference_aggregate(per_token, mask.tolist(), mode, 10), abs=1e-10)
+    parts = [grpo_loss(logp[s], old[s], ref[s], adv[s], mask[s], normalizer=normalizer, **kw)
+             for s in (slice(0, 2), slice(2, 3), slice(3, 5))]
+    assert sum(float(p.loss) for p in parts) == pytest.approx(float(full.loss), abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+def test_kl_estimators_match_formulas(name):
+    g = torch.Generator().manual_seed(4)
+    logp = -torch.rand(50, generator=g, dtype=torch.float64) * 4
+    ref = -torch.rand(50, generator=g, dtype=torch.float64) * 4
+    formulas = {"k1": lambda p, q: p - q, "k2": lambda p, q: 0.5 * (p - q) ** 2,
+                "k3": lambda p, q: math.exp(q - p) - (q - p) - 1}
+    want = torch.tensor([formulas[name](p, q) for p, q in zip(logp.tolist(), ref.tolist())], dtype=torch.float64)
+    assert torch.allclose(KL_ESTIMATORS[name](logp, ref), want, atol=1e-12)
