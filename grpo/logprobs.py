@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import torch
 
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding: cumsum(mask) - 1, clamped at 0.  Shape: [N, L] -> [N, L]."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+from grpo.rollout.sampler import positions_from_mask
 
 
 def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, chunk_rows: int = 16) -> torch.Tensor:
@@ -54,7 +51,7 @@ def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     """
     T = completion_length
     out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                position_ids=positions_from_mask(attention_mask), use_cache=False,
                 logits_to_keep=T + 1)
     logits = out.logits[:, :-1, :]                                          # [N, T, V] predicts tokens P..P+T-1
     if temperature > 0 and temperature != 1.0:
@@ -82,8 +79,3 @@ def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         model.train(was_training)
     return torch.cat(parts, dim=0)                                          # [N, T]
 
-
-def masked_mean_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean entropy over active tokens.  Shape: [N, T], [N, T] -> float."""
-    mask = mask.to(entropy.dtype)
-    return float((entropy * mask).sum() / mask.sum().clamp(min=1))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.config import AlgorithmConfig, OptimConfig
-from grpo.logprobs import completion_logprobs, masked_mean_entropy
+from grpo.logprobs import completion_logprobs
 from grpo.loss import AGGREGATIONS, grpo_loss
 from grpo.types import TrainBatch
 
@@ -79,7 +79,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         loss += float(terms.loss.detach())
         policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
         clipped, tokens = clipped + terms.clipped_sum, tokens + terms.tokens
-        ent_sum += masked_mean_entropy(entropy, mb.completion_mask) * terms.tokens
+        ent_sum += float((entropy * mb.completion_mask).sum())               # summed over active tokens
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))

@@ -56,21 +56,13 @@ def _call(name: str, fn: RewardFn, prompts: list, completions: list[str], column
     try:
         out = fn(prompts, completions, **columns)
         if inspect.isawaitable(out):
-            out = asyncio.run(out) if not _loop_running() else None
+            out = asyncio.run(out)
     except Exception as e:
         raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e}") from None
     if out is None or len(out) != len(completions):
         raise RewardError(f"reward function '{name}' must return one value per completion "
                           f"({len(completions)}), got {None if out is None else len(out)}")
     return list(out)
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
 
 
 def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, prompts: list,
