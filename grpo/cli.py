@@ -13,15 +13,16 @@ from grpo.config import ConfigError, build_config, field_help, load_yaml
 
 # Common options with flags of their own, and the config key each one sets.
 FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "train.output_dir",
-             "max_steps": "train.max_steps", "seed": "train.seed"}
+             "max_steps": "train.max_steps", "seed": "train.seed", "algorithm": "algorithm.preset"}
 
 TRAIN_EPILOG = """\
 Any config key can be set as --section.key VALUE (VALUE is read as YAML: 0.1, true, [a, b]).
-Precedence: defaults < --config FILE < --section.key < the flags above.
+Precedence: defaults < --algorithm preset < --config FILE < --section.key < the flags above.
 Examples:
   grpo train                                   # embedded arithmetic task and base policy
   grpo train --config my.yaml --max-steps 50 --algorithm.beta 0.0 --rollout.num_generations 16
   grpo train --model ./my-model --dataset prompts.jsonl --reward my_rewards.py:correct
+  grpo train --algorithm dapo --rollout.num_generations 16   # a preset; `grpo presets` lists them
 List every key with its default and meaning: grpo train --help-config
 """
 
@@ -82,17 +83,33 @@ def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.evaluate import evaluate
-    from grpo.models import EMBEDDED_MODEL_DIR, load_policy
+    from grpo.export import load_checkpoint
+    from grpo.models import EMBEDDED_MODEL_DIR
     from grpo.rewards import load_reward
     from grpo.tasks import TASKS
 
-    model, tokenizer = load_policy(args.model or str(EMBEDDED_MODEL_DIR))
+    model, tokenizer = load_checkpoint(args.model or str(EMBEDDED_MODEL_DIR))  # full model or LoRA adapter
     rows = TASKS[args.task].generate("test", args.problems, seed=args.seed)
     rewards = [load_reward(r) for r in (args.reward or ["accuracy", "format"])]
     scores = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, seed=args.seed)
     for name, value in scores.items():
         print(f"{name:20s} {value:.4f}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.presets import format_presets
+
+    print(format_presets(), end="")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.export import export_merged
+
+    out = export_merged(args.checkpoint, args.out_dir, dtype=args.dtype)
+    print(f"exported {args.checkpoint} -> {out} (load with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -109,13 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="Run GRPO training.", epilog=TRAIN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML config file (sections: model, data, rollout, reward, algorithm, optim, train, log).")
+    p.add_argument("--config", help="YAML config file (sections: model, lora, data, rollout, reward, algorithm, optim, train, log).")
     p.add_argument("--model", help="Local Hugging Face model directory (default: the embedded base policy).")
     p.add_argument("--dataset", help="JSONL prompt file (default: the embedded arithmetic task).")
     p.add_argument("--reward", action="append", help="Reward function: a built-in name or file.py:function (repeatable).")
     p.add_argument("--output-dir", dest="output_dir", help="Output directory (metrics.jsonl, config.yaml, checkpoint).")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="Number of GRPO steps.")
     p.add_argument("--seed", type=int, help="Random seed.")
+    p.add_argument("--algorithm", help="Algorithm preset: grpo | dapo | dr_grpo | gspo | gfpo | rloo | reinforce_pp "
+                                       "(`grpo presets` shows each one's settings; explicit options override it).")
     p.add_argument("--help-config", action="store_true", help="List every config key with its default and help.")
     p.set_defaults(func=cmd_train)
 
@@ -138,6 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser("presets", help="Print every algorithm preset (paper and settings).")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("export", help="Write a checkpoint (full model or LoRA adapter) as one merged model "
+                                      "+ tokenizer that plain from_pretrained loads.")
+    p.add_argument("checkpoint", help="Checkpoint directory (e.g. runs/train/checkpoint-100).")
+    p.add_argument("out_dir", help="Output directory (must not exist or be empty).")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="Parameter dtype of the export (default: the dtype stored with the model).")
+    p.set_defaults(func=cmd_export)
+
     p = sub.add_parser("sft", help="Cold-start supervised fine-tuning of the embedded base policy "
                                    "(`grpo sft --help` for its options).", add_help=False)
     p.set_defaults(func=cmd_sft)
@@ -148,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command == "eval" and extra:
+    if args.command in ("eval", "export") and extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     try:
         return args.func(args, extra)

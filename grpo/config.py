@@ -36,11 +36,33 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    enabled: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; the KL reference is then the "
+                       "base model with adapters disabled (no second copy in memory).")
+    r: int = _f(16, "LoRA rank r of the update B A.")
+    alpha: int = _f(32, "LoRA alpha: the update is scaled by alpha / r.")
+    dropout: float = _f(0.0, "Dropout on the LoRA branch input (training forward passes only; > 0 makes the "
+                        "first-iteration ratio differ from 1 because old/ref log-probs run without dropout).")
+    target_modules: list[str] = _f(["all-linear"], "Module names (or regexes) that get adapters; "
+                                   "`all-linear` = every linear layer except the output head.")
+
+
+@dataclass(frozen=True)
 class DataConfig:
-    dataset: str | None = _f(None, "JSONL prompt file (a `prompt` column, other columns go to rewards); empty = embedded task.")
+    dataset: str | None = _f(None, "Prompt dataset: a .jsonl/.json/.csv/.parquet file or a save_to_disk directory; "
+                             "a `prompt` column (a string, or a list of {role, content} chat messages), other "
+                             "columns go to rewards by name; empty = embedded task.")
+    split: str = _f("train", "Split to use when data.dataset is a DatasetDict written by save_to_disk.")
+    column_map: dict[str, str] = _f({}, "Rename dataset columns before anything else, "
+                                    "e.g. {question: prompt, solution: answer}.")
     task: str = _f("arithmetic", "Embedded task used when no dataset is given.")
     num_train_prompts: int = _f(20000, "Number of prompts generated from the embedded task's train split.")
-    prompt_column: str = _f("prompt", "Name of the prompt column in the dataset.")
+    prompt_column: str = _f("prompt", "Name of the prompt column in the dataset (copied to `prompt`).")
+    system_prompt: str | None = _f(None, "System message prepended to chat prompts; a string prompt becomes a user message "
+                                   "after it if the tokenizer has a chat template, else is prefixed by it and a newline.")
+    max_prompt_length: int = _f(0, "Longest prompt in tokens, after chat templating (0 = no limit); see data.long_prompts.")
+    long_prompts: str = _f("drop", "Prompts longer than data.max_prompt_length: drop | truncate (keep the last tokens) "
+                           "| error; the count is logged.")
     shuffle: bool = _f(True, "Shuffle the prompts every epoch (seeded).")
 
 
@@ -57,10 +79,15 @@ class RolloutConfig:
 class RewardConfig:
     functions: list[str] = _f(["accuracy", "format"], "Reward functions: built-in names or `path/to/file.py:function`.")
     weights: list[float] | None = _f(None, "One weight per reward function (default: all 1.0).")
+    process_functions: list[str] = _f([], "Step-reward functions (process supervision, DeepSeekMath 4.1.3): "
+                                      "`file.py:function` returning one reward per reasoning step.")
+    step_delimiter: str = _f("\n", "Text that ends a reasoning step, for process_functions.")
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
+    preset: str | None = _f(None, "Named variant whose settings form the base layer (`grpo presets` lists them): "
+                            "grpo | dapo | dr_grpo | gspo | gfpo | rloo | reinforce_pp; explicit keys override it.")
     advantage_estimator: str = _f("grpo", "Advantage estimator (registry in grpo/advantages.py): grpo | dr_grpo | rloo | reinforce_pp.")
     advantage_eps: float = _f(1e-4, "eps in A = (r - mean) / (std + eps).")
     epsilon: float = _f(0.2, "Lower clip range of the importance ratio: 1 - epsilon.")
@@ -71,6 +98,30 @@ class AlgorithmConfig:
                             "token-mean | seq-mean-token-sum | seq-mean-token-sum-norm.")
     loss_norm_length: int = _f(0, "Constant L of seq-mean-token-sum-norm (0 = rollout.max_new_tokens).")
     num_iterations: int = _f(1, "mu: optimizer steps per generation batch (old log-probs stored).")
+    scale_rewards: str = _f("group", "Std used by the grpo estimator (as TRL): group | batch | none (no division); "
+                            "dr_grpo, rloo, reinforce_pp ignore it.")
+    reward_combination: str = _f("sum_then_normalize", "How several reward functions combine (registry in "
+                                 "grpo/advantages.py): sum_then_normalize | normalize_then_sum (MO-GRPO / GDPO).")
+    importance_sampling_level: str = _f("token", "Importance ratio (registry in grpo/loss.py): token (GRPO) | "
+                                        "sequence (GSPO: length-normalised sequence ratio).")
+    clip_ratio_c: float | None = _f(None, "Dual-clip constant c > 1 (verl clip_ratio_c, e.g. 3.0): caps the loss of "
+                                    "A < 0 tokens at -c * A; empty = off.")
+    entropy_coef: float = _f(0.0, "Entropy bonus: loss -= entropy_coef * H, aggregated like the policy term (0 = off).")
+    top_entropy_rho: float = _f(1.0, "Train only on this fraction of the batch's active tokens with the highest "
+                                "entropy (\"80/20\": 0.2; 1.0 = all tokens).")
+    kl_in: str = _f("loss", "Where the beta * KL penalty goes: loss (GRPO) | reward (subtracted from the outcome reward).")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop groups whose rewards all tie and generate more.")
+    max_sampling_tries: int = _f(3, "Cap on the extra generation rounds of dynamic sampling.")
+    gfpo_sample_size: int = _f(0, "GFPO: sample k completions per prompt and keep the best G "
+                               "(k > rollout.num_generations; 0 = off).")
+    gfpo_metric: str = _f("length", "GFPO filter metric (registry in grpo/shaping.py): length (shorter kept) | "
+                          "token_efficiency (reward / length, higher kept).")
+    overlong_filter: bool = _f(False, "DAPO overlong filtering: truncated completions are masked out of the loss.")
+    overlong_cache_fraction: float = _f(0.0, "DAPO soft overlong punishment: L_cache as a fraction of "
+                                        "rollout.max_new_tokens (DAPO: 0.2; 0 = off).")
+    overlong_penalty_factor: float = _f(1.0, "Scale of the soft overlong penalty added to the reward.")
+    ref_update_steps: int = _f(0, "Refresh the reference policy every this many steps (0 = never).")
+    ref_mix_alpha: float = _f(1.0, "Reference refresh: ref <- alpha * policy + (1 - alpha) * ref (1.0 = copy).")
 
 
 @dataclass(frozen=True)
@@ -93,6 +144,8 @@ class TrainConfig:
     num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")
     output_dir: str = _f("runs/train", "Where metrics.jsonl and the final checkpoint are written.")
     save_final: bool = _f(True, "Save the trained policy to output_dir/checkpoint-<step> at the end.")
+    save_steps: int = _f(0, "Also save output_dir/checkpoint-<step> every N steps (0 = only the final one).")
+    save_total_limit: int = _f(0, "Keep only the newest K checkpoints (0 = keep all).")
 
 
 @dataclass(frozen=True)
@@ -104,6 +157,7 @@ class LogConfig:
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -114,7 +168,7 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {
-    "model": ModelConfig, "data": DataConfig, "rollout": RolloutConfig, "reward": RewardConfig,
+    "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "rollout": RolloutConfig, "reward": RewardConfig,
     "algorithm": AlgorithmConfig, "optim": OptimConfig, "train": TrainConfig, "log": LogConfig,
 }
 
@@ -141,6 +195,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             value = [value]
         return [_coerce(key, v, item) for v in value]
+    if origin is dict:
+        key_type, value_type = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
+        return {_coerce(key, k, key_type): _coerce(key, v, value_type) for k, v in value.items()}
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -174,6 +233,14 @@ def _unknown(key: str) -> ConfigError:
 def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Build a validated Config from a nested dict (YAML) and flat `section.key` overrides."""
     merged: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    algo_section = (nested or {}).get("algorithm")
+    preset = (overrides or {}).get("algorithm.preset") or (algo_section.get("preset") if isinstance(algo_section, dict) else None)
+    if preset:  # the lowest layer: the YAML file and the overrides below replace any of its values
+        from grpo.presets import preset_values
+
+        for dotted, value in preset_values(str(preset)).items():
+            section, _, key = dotted.partition(".")
+            merged[section][key] = value
     for section, values in (nested or {}).items():
         if section not in SECTIONS:
             raise _unknown(str(section))
@@ -219,8 +286,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def validate(cfg: Config) -> None:
     """Reject settings that cannot work, with a message naming the key."""
-    from grpo.advantages import ADVANTAGE_ESTIMATORS
-    from grpo.loss import AGGREGATIONS, KL_ESTIMATORS
+    from grpo.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
+    from grpo.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
+    from grpo.shaping import GFPO_METRICS
 
     checks = [
         (cfg.rollout.num_generations >= 2, "rollout.num_generations must be >= 2: group-relative advantages need a group"),
@@ -238,7 +306,30 @@ def validate(cfg: Config) -> None:
          f"algorithm.advantage_estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)}"),
         (cfg.algorithm.kl_estimator in KL_ESTIMATORS, f"algorithm.kl_estimator must be one of {sorted(KL_ESTIMATORS)}"),
         (cfg.algorithm.loss_agg_mode in AGGREGATIONS, f"algorithm.loss_agg_mode must be one of {sorted(AGGREGATIONS)}"),
+        (cfg.algorithm.scale_rewards in REWARD_SCALES, f"algorithm.scale_rewards must be one of {sorted(REWARD_SCALES)}"),
+        (cfg.algorithm.reward_combination in REWARD_COMBINERS,
+         f"algorithm.reward_combination must be one of {sorted(REWARD_COMBINERS)}"),
+        (cfg.algorithm.importance_sampling_level in IMPORTANCE_RATIOS,
+         f"algorithm.importance_sampling_level must be one of {sorted(IMPORTANCE_RATIOS)}"),
+        (cfg.algorithm.clip_ratio_c is None or cfg.algorithm.clip_ratio_c > 1, "algorithm.clip_ratio_c must be > 1 (or empty)"),
+        (cfg.algorithm.entropy_coef >= 0, "algorithm.entropy_coef must be >= 0"),
+        (0 < cfg.algorithm.top_entropy_rho <= 1, "algorithm.top_entropy_rho must be in (0, 1]"),
+        (cfg.algorithm.kl_in in ("loss", "reward"), "algorithm.kl_in must be loss | reward"),
+        (cfg.algorithm.max_sampling_tries >= 0, "algorithm.max_sampling_tries must be >= 0"),
+        (cfg.algorithm.gfpo_sample_size == 0 or cfg.algorithm.gfpo_sample_size > cfg.rollout.num_generations,
+         "algorithm.gfpo_sample_size must be 0 (off) or > rollout.num_generations"),
+        (cfg.algorithm.gfpo_metric in GFPO_METRICS, f"algorithm.gfpo_metric must be one of {sorted(GFPO_METRICS)}"),
+        (0 <= cfg.algorithm.overlong_cache_fraction < 1, "algorithm.overlong_cache_fraction must be in [0, 1)"),
+        (cfg.algorithm.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0"),
+        (cfg.algorithm.ref_update_steps >= 0, "algorithm.ref_update_steps must be >= 0"),
+        (0 < cfg.algorithm.ref_mix_alpha <= 1, "algorithm.ref_mix_alpha must be in (0, 1]"),
         (cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype must be float32 | bfloat16 | float16"),
+        (cfg.lora.r >= 1, "lora.r must be >= 1"),
+        (cfg.lora.alpha > 0, "lora.alpha must be > 0"),
+        (0 <= cfg.lora.dropout < 1, "lora.dropout must be in [0, 1)"),
+        (len(cfg.lora.target_modules) >= 1 and all(cfg.lora.target_modules), "lora.target_modules may not be empty"),
+        ("all-linear" not in cfg.lora.target_modules or len(cfg.lora.target_modules) == 1,
+         "lora.target_modules: all-linear cannot be combined with module names"),
         (cfg.optim.lr > 0, "optim.lr must be > 0"),
         (cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm must be >= 0"),
         (cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0"),
@@ -247,10 +338,23 @@ def validate(cfg: Config) -> None:
         (cfg.train.micro_batch_size >= 0, "train.micro_batch_size must be >= 0"),
         (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
         (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
-        (len(cfg.reward.functions) >= 1, "reward.functions must name at least one reward function"),
+        (cfg.train.save_steps >= 0, "train.save_steps must be >= 0"),
+        (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),
+        (len(cfg.reward.functions) + len(cfg.reward.process_functions) >= 1,
+         "reward.functions (or reward.process_functions) must name at least one reward function"),
+        (not cfg.reward.process_functions or cfg.reward.step_delimiter != "",
+         "reward.step_delimiter may not be empty when reward.process_functions is set"),
         (cfg.reward.weights is None or len(cfg.reward.weights) == len(cfg.reward.functions),
          "reward.weights must have one weight per entry of reward.functions"),
         (cfg.data.num_train_prompts >= 1, "data.num_train_prompts must be >= 1"),
+        (cfg.data.max_prompt_length >= 0, "data.max_prompt_length must be >= 0 (0 = no limit)"),
+        (cfg.data.long_prompts in ("drop", "truncate", "error"), "data.long_prompts must be drop | truncate | error"),
+        (cfg.data.split != "", "data.split may not be empty"),
+        (cfg.data.prompt_column != "", "data.prompt_column may not be empty"),
+        (len(set(cfg.data.column_map.values())) == len(cfg.data.column_map),
+         "data.column_map may not map two columns onto the same name"),
+        (cfg.data.prompt_column == "prompt" or "prompt" not in cfg.data.column_map.values(),
+         "data.prompt_column and data.column_map both choose the prompt column: use one of them"),
     ]
     for ok, message in checks:
         if not ok:

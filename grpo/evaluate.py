@@ -19,7 +19,7 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
 
     temperature 0 = greedy decoding (the default), otherwise one sample per prompt.
     """
-    from grpo.trainer import decode_completions  # the same decoding as in training
+    from grpo.experience import decode_completions  # the same decoding as in training
 
     device = next(model.parameters()).device
     rng = torch.Generator(device=device).manual_seed(seed)

@@ -2,19 +2,23 @@
 
 DeepSeekMath (Shao et al., 2024), eq. 3, written as a loss to minimise:
 
-    L = 1/N sum_i 1/|o_i| sum_t [ -min(rho_it A_i, clip(rho_it, 1-eps_low, 1+eps_high) A_i)
-                                  + beta * D_KL(pi_theta || pi_ref)_it ]
+    L = 1/N sum_i 1/|o_i| sum_t [ -min(rho_it A_it, clip(rho_it, 1-eps_low, 1+eps_high) A_it)
+                                  + beta * D_KL(pi_theta || pi_ref)_it ]  -  c_H * H
     rho_it = exp(log pi_theta(o_it) - log pi_old(o_it))
     D_KL ~ k3 = exp(ref - logp) - (ref - logp) - 1          (Schulman, "Approximating KL", 2020)
 
-Variants are registry entries: ``KL_ESTIMATORS`` (``algorithm.kl_estimator``) and
-``AGGREGATIONS`` (``algorithm.loss_agg_mode``).
+A_it = A_i for outcome supervision, or a per-token advantage (process supervision). Optional parts:
+dual clip (Ye et al., 2020) caps the loss of negative-advantage tokens at -c * A; an entropy bonus
+c_H * H uses the same aggregation as the policy term.
+
+Variants are registry entries: ``KL_ESTIMATORS`` (``algorithm.kl_estimator``), ``AGGREGATIONS``
+(``algorithm.loss_agg_mode``) and ``IMPORTANCE_RATIOS`` (``algorithm.importance_sampling_level``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -44,27 +48,82 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
     "k1": kl_k1, "k2": kl_k2, "k3": kl_k3,
 }
 
+# ---------------------------------------------------------------- importance ratio level
+
+
+def token_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """PPO / GRPO per-token ratio: log rho_it = logp_it - old_it.  Shape: [n, T] -> [n, T]."""
+    return logp - old_logp
+
+
+def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO (Zheng et al., 2025), in its token-level gradient form GSPO-token:
+
+        log s_i  = 1/|o_i| sum_t (logp_it - old_it)           (length-normalised sequence ratio)
+        log s_it = sg[log s_i] + logp_it - sg[logp_it]
+
+    The value is log s_i on every token; the gradient w.r.t. logp_it is 1 (times s_it once
+    exponentiated), so with equal per-token advantages the gradient equals GSPO's sequence objective.
+
+    Shape: logp, old_logp, mask [n, T] -> [n, T]
+    """
+    mask = mask.to(logp.dtype)
+    log_s = ((logp - old_logp) * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return log_s.detach() + logp - logp.detach()                # [n, T]
+
+
+IMPORTANCE_RATIOS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token": token_log_ratio,
+    "sequence": sequence_log_ratio,
+}
+
 # ---------------------------------------------------------------- clipped surrogate
 
 
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate, negated to a loss, per token.
+class Surrogate(NamedTuple):
+    loss: torch.Tensor          # [n, T] per-token policy loss
+    clipped: torch.Tensor       # [n, T] bool, the clipped side of the PPO min was taken (zero gradient)
+    dual_clipped: torch.Tensor  # [n, T] bool, the dual-clip cap -c * A was taken (zero gradient)
 
-        loss_it = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i)
 
-    Returns the per-token loss and a bool mask of tokens where the clipped term was the one taken
-    (the gradient of those tokens is zero).
+def _per_token(advantages: torch.Tensor) -> torch.Tensor:
+    """Advantages [n] (one per completion) or [n, T] (one per token) as something broadcasting to [n, T]."""
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+
+def policy_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float,
+                     clip_ratio_c: float | None = None) -> Surrogate:
+    """PPO's clipped surrogate, negated to a loss, per token, with optional dual clip.
+
+        l_it = max(-rho_it A_it, -clip(rho_it, 1 - eps_low, 1 + eps_high) A_it)
+        l_it = min(l_it, -c A_it)   where A_it < 0                 (dual clip, Ye et al. 2020; c > 1)
 
     Shape:
-        logp, old_logp: [N, T]; advantages: [N]  ->  loss: [N, T], clipped: [N, T] bool
+        log_ratio: [n, T]; advantages: [n] or [n, T]  ->  Surrogate of [n, T] tensors
     """
-    ratio = torch.exp(logp - old_logp)                          # [N, T]
-    adv = advantages.unsqueeze(1)                               # [N, 1]
-    unclipped = ratio * adv                                     # [N, T]
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
-    is_clipped = clipped < unclipped                            # min picked the clipped side
-    return -torch.minimum(unclipped, clipped), is_clipped
+    ratio = torch.exp(log_ratio)                                # [n, T]
+    adv = _per_token(advantages)                                # [n, 1] or [n, T]
+    unclipped = -ratio * adv
+    clipped = -torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    loss = torch.maximum(unclipped, clipped)                    # [n, T]
+    is_clipped = clipped > unclipped                            # max picked the clipped side
+    if clip_ratio_c is None:
+        return Surrogate(loss, is_clipped, torch.zeros_like(is_clipped))
+    cap = -clip_ratio_c * adv
+    is_dual = (adv < 0) & (loss > cap)                          # [n, T]
+    return Surrogate(torch.where(is_dual, cap, loss), is_clipped & ~is_dual, is_dual)
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                      eps_low: float, eps_high: float,
+                      clip_ratio_c: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``policy_surrogate`` with the per-token ratio exp(logp - old_logp).
+
+    Shape:
+        logp, old_logp: [n, T]; advantages: [n] or [n, T]  ->  loss: [n, T], clipped: [n, T] bool
+    """
+    s = policy_surrogate(logp - old_logp, advantages, eps_low, eps_high, clip_ratio_c)
+    return s.loss, s.clipped
 
 # ---------------------------------------------------------------- aggregation
 # Each mode splits the loss into a per-micro-batch numerator and a normaliser computed once over
@@ -115,27 +174,33 @@ class LossTerms:
     policy: float               # share of the policy (surrogate) term
     kl_term: float              # share of the beta * KL term
     kl_sum: float               # sum of per-token KL over active tokens (for the mean KL metric)
-    clipped_sum: float          # active tokens whose ratio was clipped
+    clipped_sum: float          # active tokens whose ratio was clipped (PPO clip)
     tokens: float               # active tokens in this micro-batch
+    dual_clipped_sum: float = 0.0  # active tokens capped by the dual clip (A < 0, ratio > c)
+    entropy_term: float = 0.0   # share of the -entropy_coef * H term (<= 0: it lowers the loss)
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
               advantages: torch.Tensor, mask: torch.Tensor, *, epsilon: float, epsilon_high: float | None,
               beta: float, kl_estimator: str = "k3", agg_mode: str = "seq-mean-token-mean",
-              normalizer: float) -> LossTerms:
+              normalizer: float, importance_sampling_level: str = "token", clip_ratio_c: float | None = None,
+              entropy: torch.Tensor | None = None, entropy_coef: float = 0.0) -> LossTerms:
     """GRPO loss of a micro-batch (see module docstring).
 
-    ``normalizer`` comes from ``AGGREGATIONS[agg_mode].normalizer(mask_of_whole_step, L)``.
+    ``normalizer`` comes from ``AGGREGATIONS[agg_mode].normalizer(mask_of_whole_step, L)``; the KL
+    and entropy terms use the same aggregation and normaliser as the policy term. ``entropy`` must
+    carry autograd when ``entropy_coef > 0``.
 
     Shape:
-        logp, old_logp, ref_logp, mask: [n, T]; advantages: [n]  ->  scalar loss
+        logp, old_logp, ref_logp, mask, entropy: [n, T]; advantages: [n] or [n, T]  ->  scalar loss
     """
     mask = mask.to(logp.dtype)
     agg = AGGREGATIONS[agg_mode]
-    surrogate, clipped = clipped_surrogate(logp, old_logp, advantages, epsilon,
-                                           epsilon if epsilon_high is None else epsilon_high)  # [n, T]
-    policy = agg.numerator(surrogate, mask) / normalizer
-    loss, kl_term, kl_sum = policy, 0.0, 0.0
+    log_ratio = IMPORTANCE_RATIOS[importance_sampling_level](logp, old_logp, mask)   # [n, T]
+    sur = policy_surrogate(log_ratio, advantages, epsilon, epsilon if epsilon_high is None else epsilon_high,
+                           clip_ratio_c)
+    policy = agg.numerator(sur.loss, mask) / normalizer
+    loss, kl_term, kl_sum, entropy_term = policy, 0.0, 0.0, 0.0
     if beta > 0:
         if ref_logp is None:
             raise ValueError("grpo_loss: beta > 0 needs ref_logp")
@@ -143,5 +208,13 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
         kl_share = beta * agg.numerator(kl, mask) / normalizer
         loss = loss + kl_share
         kl_term, kl_sum = float(kl_share.detach()), float((kl.detach() * mask).sum())
+    if entropy_coef != 0:
+        if entropy is None:
+            raise ValueError("grpo_loss: entropy_coef != 0 needs the entropy (with autograd)")
+        ent_share = -entropy_coef * agg.numerator(entropy, mask) / normalizer
+        loss = loss + ent_share
+        entropy_term = float(ent_share.detach())
+    count = lambda b: float((b.to(mask.dtype) * mask).sum())  # noqa: E731
     return LossTerms(loss=loss, policy=float(policy.detach()), kl_term=kl_term, kl_sum=kl_sum,
-                     clipped_sum=float((clipped.to(mask.dtype) * mask).sum()), tokens=float(mask.sum()))
+                     clipped_sum=count(sur.clipped), tokens=float(mask.sum()),
+                     dual_clipped_sum=count(sur.dual_clipped), entropy_term=entropy_term)

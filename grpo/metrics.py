@@ -14,7 +14,9 @@ from grpo.types import Scored
 
 def reward_metrics(scored: Scored) -> dict[str, float]:
     """Mean and std of the total and of each reward function (None values left out)."""
-    out = {"reward/total/mean": float(scored.total.mean()), "reward/total/std": float(scored.total.std(unbiased=False))}
+    total = scored.total[~torch.isnan(scored.total)]                        # NaN = no function applied
+    out = {"reward/total/mean": float(total.mean()) if total.numel() else float("nan"),
+           "reward/total/std": float(total.std(unbiased=False)) if total.numel() else float("nan")}
     for k, name in enumerate(scored.names):
         col = scored.per_function[:, k]
         vals = col[~torch.isnan(col)]

@@ -1,9 +1,10 @@
-"""Character-level tokenizer, small Qwen2 policies built locally, and policy loading.
+"""Character-level tokenizer, small Qwen2 policies built locally, loading any local causal LM.
 
 Nothing here touches the network: the tokenizer is assembled with the
-``tokenizers`` library and the models are ``Qwen2ForCausalLM`` instances built
-from a local ``Qwen2Config``.  :data:`EMBEDDED_MODEL_DIR` is the cold-start
-checkpoint shipped inside the package (see ``grpo/sft.py``).
+``tokenizers`` library, the built models are ``Qwen2ForCausalLM`` instances
+from a local ``Qwen2Config``, and :func:`load_policy` reads a local directory.
+:data:`EMBEDDED_MODEL_DIR` is the cold-start checkpoint shipped inside the
+package (see ``grpo/sft.py``).
 """
 
 from __future__ import annotations
@@ -108,15 +109,49 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+#: torch dtypes accepted by :func:`load_policy` (``model.dtype`` in the config).
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: Files of which at least one marks a directory as holding a saved tokenizer.
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` (or the torch dtype itself) -> ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"unsupported dtype {dtype!r}: use {' | '.join(DTYPES)}")
+
+
+def check_model_dir(path, what: str = "model") -> Path:
+    """The absolute path of a local Hugging Face model directory (one holding ``config.json``).
+
+    Raises ``FileNotFoundError`` with a one-line message naming ``path`` otherwise.  The path is
+    made absolute so that ``model.name_or_path`` (and hence a LoRA adapter's
+    ``base_model_name_or_path``) stays valid from any working directory.
+    """
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{what} directory not found: {directory}")
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"not a Hugging Face model directory (no config.json): {directory}")
+    return directory.resolve()
+
+
 def load_tokenizer(path, trust_remote_code: bool = False):
     """Load a saved tokenizer, left-padded, with pad falling back to eos.
 
     ``AutoTokenizer`` in transformers 5 maps ``model_type="qwen2"`` to
     ``Qwen2Tokenizer``, which rebuilds a byte-level BPE pipeline and ignores our
     character-level ``tokenizer.json``.  When ``tokenizer_config.json`` names
-    the generic backend we therefore load ``tokenizer.json`` verbatim.
+    the generic backend we therefore load ``tokenizer.json`` verbatim.  A
+    directory without tokenizer files is an error (``AutoTokenizer`` would
+    silently return an empty tokenizer).
     """
     directory = Path(path)
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {directory}")
     config_file = directory / "tokenizer_config.json"
     declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
     if declared in GENERIC_TOKENIZER_CLASSES and (directory / "tokenizer.json").is_file():
@@ -125,25 +160,48 @@ def load_tokenizer(path, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"the tokenizer in {directory} has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_policy(path, dtype: str = "float32", trust_remote_code: bool = False):
-    """Load ``(model, tokenizer)`` saved with ``save_pretrained`` from a local directory.
+def align_special_tokens(model, tokenizer) -> None:
+    """Fill a missing pad/eos id of the model config and generation config from ``tokenizer``.
 
-    The tokenizer pads on the left; a tokenizer without a pad token falls back
-    to its eos token.  Raises ``FileNotFoundError`` if ``path`` is not a directory.
+    With the pad -> eos fallback of :func:`load_tokenizer` this makes ``generate`` and
+    sequence-classification heads see the same pad id as the tokenizer.
     """
-    directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"policy directory not found: {directory}")
-    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    for config in (model.config, model.generation_config):
+        if config is None:
+            continue
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = tokenizer.pad_token_id
+        if getattr(config, "eos_token_id", None) is None:
+            config.eos_token_id = tokenizer.eos_token_id
+
+
+def load_policy(path, dtype: str | torch.dtype = "float32", trust_remote_code: bool = False):
+    """Load ``(model, tokenizer)`` of any local ``AutoModelForCausalLM`` directory, in eval mode.
+
+    ``dtype`` is float32 | bfloat16 | float16.  Custom modelling code runs only with
+    ``trust_remote_code=True``.  The tokenizer pads on the left; a missing pad token falls back
+    to eos (tokenizer, model config and generation config).  ``model.name_or_path`` is the
+    absolute directory, which :func:`grpo.lora.apply_lora` records as the adapter's base model.
+    Errors (missing directory, no ``config.json``, no tokenizer, no weights) are one line that
+    names the path.
+    """
+    torch_dtype = resolve_dtype(dtype)
+    directory = check_model_dir(path, "policy")
     tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype, trust_remote_code=trust_remote_code)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
-    if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype,
+                                                     trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:  # transformers' messages can span lines
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "custom code" in first_line and not trust_remote_code:
+            first_line = "it ships custom modelling code; set model.trust_remote_code: true to run it"
+        raise ValueError(f"cannot load a causal LM from {directory}: {first_line}") from e
+    align_special_tokens(model, tokenizer)
     model.eval()
     return model, tokenizer

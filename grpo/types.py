@@ -16,10 +16,11 @@ import torch
 class PromptBatch:
     """B prompts, tokenized and left-padded, with their dataset columns."""
 
-    prompts: list[Any]                 # B prompt texts as given to reward functions
+    prompts: list[Any]                 # B raw prompts as given to reward functions (strings or message lists)
     prompt_ids: torch.Tensor           # [B, P] long, left-padded
     prompt_mask: torch.Tensor          # [B, P] long, 1 on real tokens
     columns: dict[str, list[Any]] = field(default_factory=dict)  # every other column, B values each
+    conversational: bool = False       # prompts are chat-message lists (chat-template prompt + completion)
 
 
 @dataclass
@@ -38,8 +39,8 @@ class TrainBatch:
 
     input_ids: torch.Tensor            # [N, P + T] prompt (left-padded) then completion (right-padded)
     attention_mask: torch.Tensor       # [N, P + T]
-    completion_mask: torch.Tensor      # [N, T] float32, 1 on tokens that enter the loss
-    advantages: torch.Tensor           # [N] float32, one per completion (broadcast to its tokens)
+    completion_mask: torch.Tensor      # [N, T] float32, 1 on tokens that enter the loss (filters multiplied in)
+    advantages: torch.Tensor           # [N] one per completion (broadcast to its tokens) or [N, T] per token
     old_logprobs: torch.Tensor | None  # [N, T] log pi_old (None when mu == 1: pi_old = pi_theta.detach())
     ref_logprobs: torch.Tensor | None  # [N, T] log pi_ref (None when beta == 0)
 

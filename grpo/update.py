@@ -28,6 +28,8 @@ class UpdateStats:
     grad_norm: float        # before clipping
     lr: float
     skipped: bool           # True when the loss or gradient was not finite (no step taken)
+    dual_clip_fraction: float = 0.0  # share of loss tokens capped by the dual clip (clip_ratio_c)
+    entropy_loss: float = 0.0        # the -entropy_coef * H share of the loss
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
@@ -59,27 +61,33 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
-    `algorithm.loss_norm_length`, else `rollout.max_new_tokens`).
+    `algorithm.loss_norm_length`, else `rollout.max_new_tokens`). The KL penalty enters the loss only
+    when `algo.kl_in == "loss"` (with "reward" the trainer has put it in the rewards). Token filters
+    (overlong, top-rho entropy) arrive multiplied into `batch.completion_mask`.
     """
     model.train()
     T = batch.completion_length
+    beta = algo.beta if algo.kl_in == "loss" else 0.0
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
     normalizer = AGGREGATIONS[algo.loss_agg_mode].normalizer(batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
-    loss = policy = kl_loss = kl_sum = clipped = tokens = ent_sum = 0.0
+    loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = 0.0
     for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size):
         mb = batch.rows(rows)
         logp, entropy = completion_logprobs(model, mb.input_ids, mb.attention_mask, T, temperature,
-                                            with_entropy=True)                  # [n, T]
+                                            with_entropy=True, entropy_grad=algo.entropy_coef > 0)  # [n, T]
         old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
         terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
-                          epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=algo.beta,
-                          kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer)
+                          epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=beta,
+                          kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
+                          importance_sampling_level=algo.importance_sampling_level,
+                          clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef)
         terms.loss.backward()
         loss += float(terms.loss.detach())
         policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
-        clipped, tokens = clipped + terms.clipped_sum, tokens + terms.tokens
-        ent_sum += float((entropy * mb.completion_mask).sum())               # summed over active tokens
+        clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
+        ent_loss += terms.entropy_term
+        ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
@@ -92,6 +100,6 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         scheduler.step()
     tokens_ = max(tokens, 1.0)
     return UpdateStats(loss=loss, policy_loss=policy, kl_loss=kl_loss,
-                       kl=kl_sum / tokens_ if algo.beta > 0 else float("nan"),
+                       kl=kl_sum / tokens_ if beta > 0 else float("nan"),
                        clip_fraction=clipped / tokens_, entropy=ent_sum / tokens_, grad_norm=grad_norm,
-                       lr=lr, skipped=skipped)
+                       lr=lr, skipped=skipped, dual_clip_fraction=dual / tokens_, entropy_loss=ent_loss)

@@ -158,3 +158,175 @@ def test_embedded_checkpoint_loads():
     assert tok.decode(tok(TASK_STRINGS[1])["input_ids"]) == TASK_STRINGS[1]
     total = sum(p.stat().st_size for p in EMBEDDED_MODEL_DIR.iterdir() if p.is_file())
     assert total <= 20 * 1024 * 1024
+
+
+# ---- any local causal LM: Llama, Qwen2, GPT-2 through load_policy, the sampler and the log-probs ----
+
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM, Qwen2Config)
+
+from grpo.logprobs import completion_logprobs  # noqa: E402
+from grpo.models import check_model_dir, resolve_dtype  # noqa: E402
+from grpo.rollout import sample  # noqa: E402
+
+PROMPTS = ["1+2=", "10+20+30=", "7*8=", "99-1+4*2="]  # different lengths -> left padding
+
+
+def char_tokenizer_without_pad() -> PreTrainedTokenizerFast:
+    """The character-level vocabulary with eos/unk but no pad token (GPT-2 style)."""
+    backend = build_tokenizer().backend_tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", unk_token="<|unk|>",
+                                   padding_side="left", clean_up_tokenization_spaces=False)
+
+
+def arch_config(kind: str, tok):
+    """A 2-layer, hidden-32 config of architecture `kind` for the vocabulary of `tok`."""
+    ids = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    decoder = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=128, **ids)
+    configs = {
+        "llama": lambda: LlamaConfig(**decoder),
+        "qwen2": lambda: Qwen2Config(**decoder),
+        "gpt2": lambda: GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, tie_word_embeddings=False, **ids),
+    }
+    return configs[kind]()
+
+
+def save_tiny(kind: str, tok, directory, seed: int = 0):
+    """Build a tiny random causal LM of `kind`, save it with `tok` to `directory`, return the model."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(arch_config(kind, tok)).eval()
+    with torch.no_grad():  # sharper next-token distributions than a raw random init
+        model.get_output_embeddings().weight.mul_(4.0)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return model
+
+
+ARCHS = {"llama": (LlamaForCausalLM, build_tokenizer), "qwen2": (Qwen2ForCausalLM, build_tokenizer),
+         "gpt2": (GPT2LMHeadModel, char_tokenizer_without_pad)}
+
+
+@pytest.mark.parametrize("kind", sorted(ARCHS))
+def test_load_policy_any_architecture(kind, tmp_path):
+    cls, make_tok = ARCHS[kind]
+    tok = make_tok()
+    original = save_tiny(kind, tok, tmp_path)
+    model, loaded_tok = load_policy(tmp_path)
+    assert type(model) is cls and not model.training
+    assert model.name_or_path == str(tmp_path.resolve())
+    assert loaded_tok.padding_side == "left"
+    expected_pad = tok.pad_token_id if tok.pad_token is not None else tok.eos_token_id
+    assert loaded_tok.pad_token_id == model.config.pad_token_id == model.generation_config.pad_token_id == expected_pad
+    assert model.generation_config.eos_token_id == loaded_tok.eos_token_id == tok.eos_token_id
+    x = torch.tensor([tok(PROMPTS[1])["input_ids"]])
+    assert torch.equal(model(x).logits, original(x).logits)
+
+
+def test_gpt2_style_tokenizer_without_pad_falls_back_to_eos(tmp_path):
+    tok = char_tokenizer_without_pad()
+    assert tok.pad_token is None
+    save_tiny("gpt2", tok, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text()).get("pad_token_id") is None
+    _, loaded_tok = load_policy(tmp_path)
+    assert loaded_tok.pad_token == "<|endoftext|>" and loaded_tok.pad_token_id == tok.eos_token_id
+    batch = loaded_tok(PROMPTS[:2], padding=True, return_tensors="pt")
+    assert batch["input_ids"][0, :5].tolist() == [tok.eos_token_id] * 5  # left-padded with eos
+    assert batch["attention_mask"][0].tolist() == [0] * 5 + [1] * 4
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("kind", sorted(ARCHS))
+def test_sampler_and_logprobs_agree_on_any_architecture(kind, temperature, tmp_path):
+    save_tiny(kind, ARCHS[kind][1](), tmp_path, seed=1)
+    model, tok = load_policy(tmp_path)
+    batch = tok(PROMPTS, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()
+    gen = sample(model, batch["input_ids"], batch["attention_mask"], num_generations=3, max_new_tokens=10,
+                 temperature=temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                 generator=torch.Generator().manual_seed(0))
+    ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)                      # [N, P + T]
+    mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)                   # [N, P + T]
+    T, on = gen.completion_ids.size(1), gen.completion_mask.bool()
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, ids, mask, T, temperature)           # [N, T]
+    assert torch.allclose(logp[on], gen.sampling_logprobs[on], atol=1e-4)
+    assert (gen.sampling_logprobs[on] < 0).all()
+    # Left padding is invisible: row 0 (the shortest prompt is padded most) recomputed without padding.
+    shortest = int(gen.prompt_mask.sum(1).argmin())
+    real = torch.cat([gen.prompt_ids[shortest][gen.prompt_mask[shortest].bool()],
+                      gen.completion_ids[shortest][on[shortest]]])[None]
+    n = int(on[shortest].sum())
+    with torch.no_grad():
+        alone, _ = completion_logprobs(model, real, torch.ones_like(real), n, temperature)
+    assert torch.allclose(alone[0], gen.sampling_logprobs[shortest, :n], atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_load_policy_half_precision(dtype, tmp_path):
+    save_tiny("llama", build_tokenizer(), tmp_path)
+    model, _ = load_policy(tmp_path, dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {getattr(torch, dtype)}
+    assert resolve_dtype(dtype) is getattr(torch, dtype) and resolve_dtype(torch.float32) is torch.float32
+    with pytest.raises(ValueError, match="unsupported dtype 'float64'"):
+        load_policy(tmp_path, dtype="float64")
+
+
+def test_load_policy_errors_are_one_line_and_name_the_path(tmp_path):
+    not_model = tmp_path / "tokenizer-only"
+    build_tokenizer().save_pretrained(not_model)
+    with pytest.raises(FileNotFoundError, match="no config.json") as info:
+        load_policy(not_model)
+    assert str(not_model) in str(info.value) and "\n" not in str(info.value)
+    no_tokenizer = tmp_path / "model-only"
+    build_model(build_tokenizer(), "micro").save_pretrained(no_tokenizer)
+    with pytest.raises(FileNotFoundError, match="no tokenizer files") as info:
+        load_policy(no_tokenizer)
+    assert str(no_tokenizer) in str(info.value)
+    no_weights = tmp_path / "no-weights"
+    save_tiny("qwen2", build_tokenizer(), no_weights)
+    (no_weights / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="cannot load a causal LM") as info:
+        load_policy(no_weights)
+    assert str(no_weights) in str(info.value) and "\n" not in str(info.value)
+    assert check_model_dir(no_weights) == no_weights.resolve()
+
+
+CUSTOM_CONFIG = """from transformers import LlamaConfig
+
+
+class TinyCustomConfig(LlamaConfig):
+    model_type = "tiny-custom"
+"""
+CUSTOM_MODEL = """from transformers import LlamaForCausalLM
+
+from .configuration_tiny_custom import TinyCustomConfig
+
+
+class TinyCustomForCausalLM(LlamaForCausalLM):
+    config_class = TinyCustomConfig
+"""
+
+
+def test_remote_code_runs_only_when_trusted(tmp_path, monkeypatch):
+    import sys
+
+    from transformers import dynamic_module_utils
+
+    # Keep the copied custom code inside tmp_path instead of ~/.cache/huggingface/modules.
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in [m for m in sys.modules if m.startswith("transformers_modules")]:
+        monkeypatch.delitem(sys.modules, name)
+    save_tiny("llama", build_tokenizer(), tmp_path)
+    (tmp_path / "configuration_tiny_custom.py").write_text(CUSTOM_CONFIG)
+    (tmp_path / "modeling_tiny_custom.py").write_text(CUSTOM_MODEL)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(model_type="tiny-custom", architectures=["TinyCustomForCausalLM"],
+                  auto_map={"AutoConfig": "configuration_tiny_custom.TinyCustomConfig",
+                            "AutoModelForCausalLM": "modeling_tiny_custom.TinyCustomForCausalLM"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_policy(tmp_path)
+    model, _ = load_policy(tmp_path, trust_remote_code=True)
+    assert type(model).__name__ == "TinyCustomForCausalLM"

@@ -4,7 +4,8 @@ import torch
 
 from grpo.config import build_config
 from grpo.models import build_model, build_tokenizer
-from grpo.trainer import decode_completions, repeat_each, train
+from grpo.experience import decode_completions, repeat_each
+from grpo.trainer import train
 
 
 def run(tmp_path, reward_file, **over):
@@ -27,12 +28,13 @@ def test_beta_zero_has_no_reference_and_mu_two_reuses_the_batch(tmp_path, monkey
     import grpo.trainer as trainer_module
 
     copies, batches = [], []
-    monkeypatch.setattr(trainer_module, "frozen_copy", lambda m: copies.append(m) or m)
+    real_build = trainer_module.build_reference
+    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta: copies.append(real_build(m, beta)) or copies[-1])
     real_update = trainer_module.policy_update
     monkeypatch.setattr(trainer_module, "policy_update", lambda m, o, s, batch, *a, **k: batches.append(batch)
                         or real_update(m, o, s, batch, *a, **k))
     before, result, records = run(tmp_path / "a", reward_file, **{"algorithm.beta": 0.0, "algorithm.num_iterations": 2})
-    assert copies == []                                      # beta = 0: no reference model built
+    assert copies == [None]                                  # beta = 0: no reference model built
     assert records[0]["kl/mean"] is None                     # and no KL to report
     assert any(not torch.equal(a, b) for a, b in zip(before, result.model.parameters()))
     assert records[0]["optim/lr"] == 1e-2 and result.checkpoint is None

@@ -31,12 +31,21 @@ class RewardError(ValueError):
 
 
 def load_reward(spec: str) -> tuple[str, RewardFn]:
-    """Resolve a built-in name or `path/to/file.py:function` to (name, function)."""
+    """Resolve a built-in name, `path/to/file.py:function` or a reward-model directory to (name, function).
+
+    A directory holding a single-label ``...ForSequenceClassification`` model becomes
+    ``("rm:<dirname>", scorer)`` (see grpo/rewards/reward_model.py).
+    """
     if spec in BUILTIN_REWARDS:
         return spec, BUILTIN_REWARDS[spec]
+    if Path(spec).is_dir():
+        from grpo.rewards.reward_model import load_reward_model
+
+        return load_reward_model(spec)
     path, sep, fn_name = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
-        raise RewardError(f"unknown reward '{spec}': use one of {sorted(BUILTIN_REWARDS)} or path/to/file.py:function")
+        raise RewardError(f"unknown reward '{spec}': use one of {sorted(BUILTIN_REWARDS)}, path/to/file.py:function "
+                          "or a reward-model directory")
     file = Path(path)
     if not file.is_file():
         raise RewardError(f"reward file not found: {file}")

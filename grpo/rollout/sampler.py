@@ -114,12 +114,14 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) ->
 def _last_logits(model, **inputs) -> tuple[torch.Tensor, object]:
     """Forward ``inputs`` with the cache on; return the last position's logits and the cache.
 
-    Only the last position goes through the LM head when the model accepts ``logits_to_keep``.
+    Only the last position goes through the LM head when the model accepts ``logits_to_keep``
+    (a peft wrapper forwards it to the model it wraps, whose signature is the one checked).
 
     Shape:
         inputs["input_ids"]: [n, L] -> logits [n, V]
     """
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if "logits_to_keep" in inspect.signature(inner.forward).parameters:
         inputs["logits_to_keep"] = 1
     out = model(**inputs, use_cache=True)
     return out.logits[:, -1, :], out.past_key_values  # [n, V]

@@ -1,0 +1,93 @@
+"""Shared pieces of the benchmarks: locally built models with a realistic vocabulary, and tables."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+#: Qwen2-style shapes (hidden, layers, heads, kv heads, intermediate), vocabulary 32,768.
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen2-57m": dict(hidden_size=576, num_hidden_layers=10, num_attention_heads=9, num_key_value_heads=3,
+                      intermediate_size=1728),
+    "qwen2-100m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                       intermediate_size=2048),
+}
+VOCAB = 32768
+
+
+def wide_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
+    """The embedded character tokenizer grown to `vocab_size` with filler tokens `<w0>`, `<w1>`, ...
+
+    Prompts of the embedded task tokenize exactly as before; sampled filler tokens decode to text.
+    """
+    from tokenizers import AddedToken
+
+    from grpo.models import build_tokenizer
+
+    tok = build_tokenizer(model_max_length=4096)
+    tok.add_tokens([AddedToken(f"<w{i}>", normalized=False) for i in range(vocab_size - len(tok))])
+    return tok
+
+
+def build_bench_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Build (once) and save a randomly initialised Qwen2 of shape `name`; returns its directory."""
+    out = Path(out_dir) / name
+    if (out / "config.json").is_file():
+        return out
+    tok = wide_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                      **SHAPES[name])
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                               bos_token_id=None)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def count_params(model_dir: Path) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "cpus": os.cpu_count(),
+            "platform": platform.platform()}
+
+
+def write_results(name: str, rows: list[dict[str, Any]], extra: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **extra, "rows": rows}, indent=2))
+    return path
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)) for r in rows]
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+    return "" if v is None else str(v)

@@ -1,0 +1,194 @@
+"""Reading prompt datasets from disk and checking their prompt column.
+
+Formats: JSONL (read line by line, so errors name ``file:LINE``), and through the ``datasets``
+library JSON, CSV, Parquet and directories written by ``Dataset.save_to_disk`` or
+``DatasetDict.save_to_disk`` (a DatasetDict: the ``data.split`` split). Rows of the other
+formats are named ``file: row I`` in errors (I = 0-based dataset index).
+
+A prompt is either a non-empty string (standard format) or a non-empty list of
+``{"role", "content"}`` messages (conversational format); one dataset uses one format.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo.config import DataConfig
+
+#: File suffix -> ``datasets`` builder (``.jsonl`` is read by :func:`scan_jsonl`).
+BUILDERS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}
+SUPPORTED = "a .jsonl, .json, .csv or .parquet file, or a directory written by save_to_disk"
+
+
+class DataError(ValueError):
+    """A malformed dataset; the message names the file (and line or row)."""
+
+
+@dataclass
+class Records:
+    """Raw rows of one dataset, where each row came from, and the dataset's name."""
+
+    rows: list[dict[str, Any]]
+    where: list[str]          # per row: "file:LINE" (JSONL) or "file: row I"
+    source: str               # the dataset's name in messages (path, plus [split] for a DatasetDict)
+    columns: list[str]        # column names, in first-seen order
+
+
+def _columns_of(rows: list[dict[str, Any]]) -> list[str]:
+    """Union of the rows' keys, in first-seen order."""
+    return list(dict.fromkeys(k for r in rows for k in r))
+
+
+def scan_jsonl(path: str | Path) -> Records:
+    """Rows of a JSONL file; each non-blank line must be a JSON object (errors name file:LINE)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"dataset file not found: {p}")
+    rows, where = [], []
+    with p.open() as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{p}:{lineno}: expected a JSON object per line")
+            rows.append(row)
+            where.append(f"{p}:{lineno}")
+    return Records(rows, where, str(p), _columns_of(rows))
+
+
+def read_jsonl(path: str | Path, prompt_column: str = "prompt") -> list[dict[str, Any]]:
+    """Rows of a JSONL prompt file; each must be an object with a valid prompt (string or messages)."""
+    rec = scan_jsonl(path)
+    for row, where in zip(rec.rows, rec.where):
+        check_prompt(row.get(prompt_column), where, prompt_column)
+    if not rec.rows:
+        raise DataError(f"{rec.source}: no rows")
+    return rec.rows
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
+
+
+def _csv_features(p: Path):
+    """Every CSV column read as a string: no type guessing ('007' stays '007'); empty cells are None."""
+    from datasets import Features, Value
+
+    with p.open(newline="") as fh:
+        header = next(csv.reader(fh), None)
+    if not header:
+        raise DataError(f"{p}: no rows")
+    return Features({name: Value("string") for name in header})
+
+
+def _load_file(p: Path) -> Records:
+    """A JSON, CSV or Parquet file through ``datasets.load_dataset``."""
+    from datasets import load_dataset
+
+    builder = BUILDERS.get(p.suffix.lower())
+    if builder is None:
+        raise DataError(f"{p}: unsupported dataset format '{p.suffix}'; use {SUPPORTED}")
+    kwargs = {"features": _csv_features(p)} if builder == "csv" else {}
+    try:
+        ds = load_dataset(builder, data_files=str(p), split="train", **kwargs)
+    except Exception as e:  # the datasets/pyarrow error: keep its first line, name the file
+        raise DataError(f"{p}: cannot read as {builder}: {_first_line(e)}") from e
+    rows = ds.to_list()
+    return Records(rows, [f"{p}: row {i}" for i in range(len(rows))], str(p), list(ds.column_names))
+
+
+def _load_dir(p: Path, split: str) -> Records:
+    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk`` (then: `split`)."""
+    from datasets import DatasetDict, load_from_disk
+
+    try:
+        ds = load_from_disk(str(p))
+    except FileNotFoundError:
+        raise DataError(f"{p}: not a dataset directory (expected one written by Dataset.save_to_disk "
+                        f"or DatasetDict.save_to_disk)") from None
+    source = str(p)
+    if isinstance(ds, DatasetDict):
+        if split not in ds:
+            raise DataError(f"{p}: no split '{split}' (data.split); splits: {', '.join(ds)}")
+        ds, source = ds[split], f"{p}[{split}]"
+    rows = ds.to_list()
+    return Records(rows, [f"{source}: row {i}" for i in range(len(rows))], source, list(ds.column_names))
+
+
+def load_records(path: str | Path, split: str = "train") -> Records:
+    """The raw rows of a dataset file or save_to_disk directory (see the module docstring)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        rec = _load_dir(p, split)
+    elif not p.is_file():
+        raise DataError(f"dataset file not found: {p}")
+    elif p.suffix.lower() == ".jsonl":
+        rec = scan_jsonl(p)
+    else:
+        rec = _load_file(p)
+    if not rec.rows:
+        raise DataError(f"{rec.source}: no rows")
+    return rec
+
+
+def rename_columns(rec: Records, mapping: dict[str, str]) -> None:
+    """Rename columns in place (``data.column_map``); unknown or clashing names are errors."""
+    if not mapping:
+        return
+    missing = [c for c in mapping if c not in rec.columns]
+    if missing:
+        raise DataError(f"{rec.source}: data.column_map names column '{missing[0]}', which the dataset does not "
+                        f"have (columns: {', '.join(rec.columns)})")
+    clash = [t for s, t in mapping.items() if t in rec.columns and t not in mapping and t != s]
+    if clash:
+        raise DataError(f"{rec.source}: data.column_map renames a column to '{clash[0]}', but the dataset already "
+                        f"has a '{clash[0]}' column")
+    rec.rows = [{mapping.get(k, k): v for k, v in row.items()} for row in rec.rows]
+    rec.columns = [mapping.get(c, c) for c in rec.columns]
+
+
+def check_prompt(value: Any, where: str, column: str = "prompt") -> bool:
+    """Validate one prompt; True for a message list (conversational), False for a string."""
+    if isinstance(value, str) and value:
+        return False
+    if isinstance(value, list) and value:
+        for j, m in enumerate(value):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DataError(f"{where}: column '{column}' message {j} must be an object with string "
+                                f"'role' and 'content'")
+        return True
+    raise DataError(f"{where}: column '{column}' must be a non-empty string or a non-empty list of "
+                    f"{{role, content}} messages, got {type(value).__name__}")
+
+
+def read_dataset(cfg: DataConfig) -> tuple[Records, bool]:
+    """Load `cfg.dataset`, apply column_map and prompt_column, check every prompt.
+
+    Returns the records (each row has a ``prompt``) and whether the prompts are conversational.
+    ``data.prompt_column`` copies that column to ``prompt`` (the original column is kept too).
+    """
+    rec = load_records(cfg.dataset, cfg.split)
+    rename_columns(rec, dict(cfg.column_map))
+    col = cfg.prompt_column
+    if col not in rec.columns:
+        hint = ("data.prompt_column" if col != "prompt"
+                else "set data.column_map (e.g. {question: prompt}) or data.prompt_column")
+        raise DataError(f"{rec.source}: no column '{col}' ({hint}); columns: {', '.join(rec.columns)}")
+    if col != "prompt":
+        rec.rows = [dict(row, prompt=row.get(col)) for row in rec.rows]
+    kinds = [check_prompt(row.get("prompt"), where, col) for row, where in zip(rec.rows, rec.where)]
+    if any(k != kinds[0] for k in kinds):
+        i = kinds.index(not kinds[0])
+        name = {True: "a list of messages", False: "a string"}
+        raise DataError(f"{rec.where[i]}: prompt is {name[kinds[i]]} but earlier prompts are {name[kinds[0]]}; "
+                        f"use one prompt format per dataset")
+    return rec, kinds[0]

@@ -1,0 +1,45 @@
+"""Process supervision: step-reward functions that score every reasoning step of a completion.
+
+A step-reward function has the reward signature but returns, per completion, a list with one
+reward per step (or None when it does not apply)::
+
+    fn(prompts: list, completions: list[str], steps: list[list[str]], **columns) -> list[list[float] | None]
+
+Steps are the pieces of the completion between occurrences of `reward.step_delimiter` (a trailing
+empty piece is not a step). Several functions are added step by step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from grpo.rewards import RewardError, _call
+
+
+def split_steps(completion: str, delimiter: str) -> list[str]:
+    """'a\\nb\\n' -> ['a\\n', 'b\\n']: each step keeps its closing delimiter; empty tail dropped."""
+    pieces = completion.split(delimiter)
+    steps = [p + delimiter for p in pieces[:-1]]
+    if pieces[-1]:
+        steps.append(pieces[-1])
+    return steps
+
+
+def score_steps(functions, prompts: list, completions: list[str], columns: dict[str, list],
+                delimiter: str) -> list[list[float]]:
+    """Per completion, the summed step rewards of every step-reward function ([] = no reward)."""
+    steps = [split_steps(c, delimiter) for c in completions]
+    totals: list[list[float]] = [[] for _ in completions]
+    for name, fn in functions:
+        out = _call(name, fn, prompts, completions, {**columns, "steps": steps})
+        for i, values in enumerate(out):
+            if values is None:
+                continue
+            if not isinstance(values, (list, tuple)) or len(values) != len(steps[i]):
+                raise RewardError(f"step reward function '{name}' must return one reward per step for "
+                                  f"completion {i} ({len(steps[i])} steps), got {values!r}")
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+                raise RewardError(f"step reward function '{name}' returned a non-finite or non-numeric "
+                                  f"step reward for completion {i}: {values!r}")
+            totals[i] = [a + float(b) for a, b in zip(totals[i], values)] if totals[i] else [float(v) for v in values]
+    return totals
