@@ -62,7 +62,8 @@ def config_from_args(args: argparse.Namespace, extra: list[str]):
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         for key, default, help_text in field_help():
-            print(f"{key:34s} {default!s:22s} {help_text}")
+            shown = repr(default) if isinstance(default, str) and not default.isprintable() else str(default)
+            print(f"{key:34s} {shown:22s} {help_text}")
         return 0
     cfg = config_from_args(args, extra)
     from grpo.trainer import train

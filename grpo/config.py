@@ -339,6 +339,8 @@ def validate(cfg: Config) -> None:
         (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
         (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
         (cfg.train.save_steps >= 0, "train.save_steps must be >= 0"),
+        (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
+         "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
         (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),
         (len(cfg.reward.functions) + len(cfg.reward.process_functions) >= 1,
          "reward.functions (or reward.process_functions) must name at least one reward function"),

@@ -50,7 +50,10 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     flat = {"train.output_dir": str(out), "train.seed": seed, **(overrides or {})}
     if steps is not None:
         flat["train.max_steps"] = steps
-    cfg = build_config(DEMO_CONFIG, flat)
+    base = dict(DEMO_CONFIG)
+    if flat.get("algorithm.preset"):  # a preset replaces the demo's algorithm settings (explicit keys still win)
+        base.pop("algorithm")
+    cfg = build_config(base, flat)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(seed)

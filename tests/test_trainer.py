@@ -1,9 +1,11 @@
 import json
 
+import pytest
 import torch
 
 from grpo.config import build_config
 from grpo.models import build_model, build_tokenizer
+from grpo.presets import PRESETS
 from grpo.experience import decode_completions, repeat_each
 from grpo.trainer import train
 
@@ -65,3 +67,52 @@ def test_helpers():
     texts = decode_completions(tok, Gen())
     assert texts[0] == tok.decode([5, 6]) and "<|endoftext|>" not in texts[0]
     assert texts[1] == tok.decode([7, 7, 7, 7])
+
+
+def digits_reward_file(tmp_path):
+    reward_file = tmp_path / "r.py"
+    reward_file.write_text("def digits_reward(prompts, completions, **kw):\n"
+                           "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    return reward_file
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_every_preset_trains(tmp_path, preset):
+    over = {"algorithm.preset": preset, "rollout.num_generations": 4}
+    if preset == "gfpo":
+        over["algorithm.gfpo_sample_size"] = 6
+    before, result, records = run(tmp_path, digits_reward_file(tmp_path), **over)
+    assert len(records) == 2 and all(r["optim/skipped_steps"] == 0 for r in records)
+    assert any(not torch.equal(a, b) for a, b in zip(before, result.model.parameters()))
+    if PRESETS[preset].values.get("algorithm.kl_in") == "reward":
+        assert records[0]["kl/reward_penalty_mean"] is not None and records[0]["kl/mean"] is None
+
+
+def test_reference_refresh_follows_the_policy(tmp_path, monkeypatch):
+    import grpo.trainer as trainer_module
+
+    refs = []
+    real_build = trainer_module.build_reference
+    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta: refs.append(real_build(m, beta)) or refs[-1])
+    _, result, _ = run(tmp_path, digits_reward_file(tmp_path), **{"algorithm.ref_update_steps": 2,
+                                                                   "algorithm.ref_mix_alpha": 1.0})
+    # refreshed after step 2 (the last): the reference now equals the trained policy
+    assert all(torch.equal(a, b) for a, b in zip(refs[0].model.parameters(), result.model.parameters()))
+
+
+def test_lora_run_from_a_model_directory_saves_an_adapter_checkpoint(tmp_path):
+    tok = build_tokenizer()
+    model_dir = tmp_path / "base"
+    build_model(tok, "micro", seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    flat = {"model.path": str(model_dir), "lora.enabled": True, "lora.r": 4, "train.output_dir": str(tmp_path / "out"),
+            "train.max_steps": 2, "train.save_steps": 1, "train.save_total_limit": 1, "train.prompts_per_step": 2,
+            "rollout.num_generations": 4, "rollout.max_new_tokens": 6, "optim.lr": 1e-2,
+            "data.num_train_prompts": 20, "log.progress_bar": False,
+            "reward.functions": [f"{digits_reward_file(tmp_path)}:digits_reward"]}
+    result = train(build_config(overrides=flat))
+    assert [p.name for p in (tmp_path / "out").glob("checkpoint-*")] == ["checkpoint-2"]
+    assert (result.checkpoint / "adapter_config.json").is_file()
+    assert not (result.checkpoint / "model.safetensors").exists()          # the adapter only
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["kl/mean"] is not None                               # reference = adapters disabled

@@ -224,9 +224,10 @@ def test_filtered_completion_mask_selects_the_tokens_that_train():
     dict(loss_agg_mode="token-mean", entropy_coef=0.02, filtered=True),
 ])
 def test_micro_batched_update_equals_full_batch_with_new_options(options):
-    batch = make_batch()
+    batch, options = make_batch(), dict(options)
     if options.pop("filtered", False):                                # a filter zeroes some tokens and rows
         batch.completion_mask = batch.completion_mask * (torch.arange(30).view(6, 5) % 3 != 0)
+        batch.completion_mask[1] = 0.0
     batch.advantages = torch.randn(6, 5, generator=torch.Generator().manual_seed(3))    # per-token advantages
     batch.old_logprobs = fixed_logprobs(tiny_qwen2(), batch.input_ids, batch.attention_mask, 5) - 0.6
     algo = AlgorithmConfig(beta=0.0, **options)

@@ -1,0 +1,141 @@
+"""The experience pipeline: sampling filters, KL in reward, process supervision, loss masks."""
+
+import torch
+
+import grpo.experience as experience
+from grpo.config import build_config
+from grpo.data import PromptStream, load_prompts
+from grpo.experience import Groups, collect_groups, draw_groups, group_rows, make_experience
+from grpo.loss import kl_k1
+from grpo.models import build_model, build_tokenizer
+from grpo.reference import FrozenCopy
+from grpo.rewards import load_reward
+from grpo.rollout import Generation
+
+BASE = {"train.prompts_per_step": 2, "rollout.num_generations": 4, "rollout.max_new_tokens": 6,
+        "data.num_train_prompts": 20, "log.progress_bar": False}
+
+
+def setup(tmp_path, reward_src="def r(prompts, completions, **kw):\n    return [float(len(c)) for c in completions]\n",
+          **over):
+    (tmp_path / "r.py").write_text(reward_src)
+    cfg = build_config(overrides={**BASE, "reward.functions": [f"{tmp_path / 'r.py'}:r"], **over})
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    stream = PromptStream(load_prompts(cfg.data, 0, tok).rows, 0)
+    rewards = [load_reward(s) for s in cfg.reward.functions]
+    return cfg, tok, model, stream, rewards
+
+
+def test_group_rows():
+    assert group_rows([2, 0], 2).tolist() == [4, 5, 0, 1]
+
+
+def fake_groups(totals: list[float]) -> Groups:
+    n = len(totals)
+    gen = Generation(torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long),
+                     torch.full((n, 3), 5), torch.ones(n, 3, dtype=torch.long), torch.zeros(n, 3),
+                     torch.zeros(n, dtype=torch.bool))
+    t = torch.tensor(totals)
+    return Groups(gen, ["p"] * n, {"answer": list(range(n))}, ["c"] * n, t.unsqueeze(1), t, 0.5)
+
+
+def test_dynamic_sampling_replaces_tied_groups_and_counts_draws(tmp_path, monkeypatch):
+    cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.dynamic_sampling": True,
+                                                           "rollout.num_generations": 2,
+                                                           "train.prompts_per_step": 3})
+    draws = iter([fake_groups([1, 1, 0, 1, 2, 2]),   # groups: tied, informative, tied
+                  fake_groups([3, 3, 5, 6]),         # 2 more asked: tied, informative
+                  fake_groups([7, 8])])              # 1 more asked: informative
+    asked = []
+    monkeypatch.setattr(experience, "draw_groups",
+                        lambda m, t, rows, *a: asked.append(len(rows)) or next(draws))
+    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, None, "cpu")
+    assert asked == [3, 2, 1]
+    assert groups.total.tolist() == [0, 1, 5, 6, 7, 8]          # only informative groups, in draw order
+    assert metrics == {"sampling/groups_drawn": 6.0, "sampling/extra_rounds": 2.0,
+                       "sampling/informative_groups": 3.0}
+    assert groups.sample_s == 1.5                                 # three draws of 0.5 s each
+
+
+def test_dynamic_sampling_stops_at_the_cap_and_tops_up_with_tied_groups(tmp_path, monkeypatch):
+    cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.dynamic_sampling": True,
+                                                           "algorithm.max_sampling_tries": 1,
+                                                           "rollout.num_generations": 2})
+    draws = iter([fake_groups([1, 1, 0, 1]), fake_groups([4, 4])])
+    monkeypatch.setattr(experience, "draw_groups", lambda m, t, rows, *a: next(draws))
+    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, None, "cpu")
+    assert groups.total.tolist() == [0, 1, 1, 1]                  # informative first, then a tied group
+    assert metrics["sampling/informative_groups"] == 1.0 and metrics["sampling/extra_rounds"] == 1.0
+
+
+def test_gfpo_keeps_the_shortest_of_k_samples(tmp_path):
+    # the same generator seed and k = 8 samples: GFPO must keep the 4 shortest of each group of 8
+    cfg_all, tok, model, stream, rewards = setup(tmp_path, **{"rollout.num_generations": 8})
+    rows = stream.next(2)
+    all8 = draw_groups(model, tok, rows, rewards, cfg_all, torch.Generator().manual_seed(3), "cpu")
+    cfg_gfpo = build_config(overrides={**BASE, "reward.functions": cfg_all.reward.functions,
+                                       "rollout.num_generations": 4, "algorithm.gfpo_sample_size": 8,
+                                       "algorithm.gfpo_metric": "length"})
+    kept = draw_groups(model, tok, rows, rewards, cfg_gfpo, torch.Generator().manual_seed(3), "cpu")
+    lengths = all8.gen.completion_mask.sum(1).view(2, 8)
+    kept_lengths = kept.gen.completion_mask.sum(1).view(2, 4)
+    for g in range(2):
+        assert sorted(kept_lengths[g].tolist()) == sorted(lengths[g].tolist())[:4]
+    assert len(kept.completions) == 8 and kept.total.shape == (8,)
+    assert kept.prompts[:4] == [rows[0]["prompt"]] * 4
+
+
+def test_soft_overlong_penalty_is_added_to_the_reward(tmp_path):
+    cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.overlong_cache_fraction": 0.5})
+    groups = draw_groups(model, tok, stream.next(2), rewards, cfg, torch.Generator().manual_seed(0), "cpu")
+    L = groups.gen.completion_mask.sum(1).float()               # cache = 3 of max 6 tokens
+    penalty = torch.where(L <= 3, torch.zeros_like(L), (3 - L) / 3)
+    assert torch.allclose(groups.total, groups.per_function[:, 0] + penalty)
+
+
+def test_overlong_filter_masks_truncated_completions(tmp_path):
+    cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.overlong_filter": True, "algorithm.beta": 0.0})
+    exp = make_experience(model, tok, stream, rewards, [], None, cfg, torch.Generator().manual_seed(0), "cpu")
+    truncated = exp.groups.gen.truncated
+    assert truncated.any()                                       # an untrained model rarely stops in 6 tokens
+    assert (exp.batch.completion_mask[truncated] == 0).all()
+    assert torch.equal(exp.batch.completion_mask[~truncated], exp.groups.gen.completion_mask[~truncated].float())
+    assert exp.metrics["completion/overlong_filtered"] == float(truncated.sum())
+
+
+def test_kl_in_reward_moves_the_penalty_out_of_the_loss(tmp_path):
+    cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.kl_in": "reward", "algorithm.beta": 0.5,
+                                                           "algorithm.kl_estimator": "k1"})
+    reference = FrozenCopy(build_model(tok, "micro", seed=1))    # a different reference: KL != 0
+    exp = make_experience(model, tok, stream, rewards, [], reference, cfg, torch.Generator().manual_seed(0), "cpu")
+    b = exp.batch
+    old = experience.fixed_logprobs(model, b.input_ids, b.attention_mask, b.completion_length, 1.0)
+    ref = reference.logprobs(b.input_ids, b.attention_mask, b.completion_length, 1.0)
+    expected = exp.groups.total - 0.5 * (kl_k1(old, ref) * b.completion_mask).sum(1)
+    torch.testing.assert_close(exp.scored.total, expected)
+    assert b.ref_logprobs is None and b.old_logprobs is None      # nothing of the KL is left for the loss
+
+
+def test_process_supervision_gives_token_advantages(tmp_path):
+    src = ("def r(prompts, completions, **kw):\n    return [float(len(c)) for c in completions]\n"
+           "def steps(prompts, completions, steps, **kw):\n    return [[float(len(s)) for s in st] for st in steps]\n")
+    cfg, tok, model, stream, rewards = setup(tmp_path, src, **{"algorithm.beta": 0.0,
+                                                               "reward.step_delimiter": " "})
+    step_fns = [load_reward(f"{tmp_path / 'r.py'}:steps")]
+    cfg = build_config(overrides={**BASE, "reward.functions": [], "reward.process_functions": [f"{tmp_path / 'r.py'}:steps"],
+                                  "algorithm.beta": 0.0, "reward.step_delimiter": " "})
+    exp = make_experience(model, tok, stream, [], step_fns, None, cfg, torch.Generator().manual_seed(0), "cpu")
+    adv = exp.batch.advantages
+    assert adv.shape == exp.batch.completion_mask.shape                          # [N, T]
+    assert (adv[exp.batch.completion_mask == 0] == 0).all()
+    assert adv.abs().sum() > 0
+
+
+def test_top_entropy_rho_keeps_a_fraction_of_tokens(tmp_path):
+    cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.top_entropy_rho": 0.25, "algorithm.beta": 0.0})
+    exp = make_experience(model, tok, stream, rewards, [], None, cfg, torch.Generator().manual_seed(0), "cpu")
+    active = exp.groups.gen.completion_mask.sum()
+    kept = exp.batch.completion_mask.sum()
+    assert kept == torch.ceil(0.25 * active.float())
+    assert ((exp.batch.completion_mask == 1) <= (exp.groups.gen.completion_mask == 1)).all()
