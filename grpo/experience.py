@@ -92,7 +92,9 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, rng, d
     completions = decode_completions(tokenizer, gen)
     per_prompt = repeat_each(prompts.prompts, k)
     columns = {name: repeat_each(values, k) for name, values in prompts.columns.items()}
-    scored = score(rewards, cfg.reward.weights, per_prompt, completions, columns)
+    completion_ids = [[t for t, m in zip(ids, mask) if m]                # as TRL: token ids per completion
+                      for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
+    scored = score(rewards, cfg.reward.weights, per_prompt, completions, {**columns, "completion_ids": completion_ids})
     weights = torch.tensor(cfg.reward.weights or [1.0] * len(rewards), dtype=torch.float32)
     total = REWARD_COMBINERS[algo.reward_combination](scored.per_function, weights, k, algo.advantage_eps)
     if algo.overlong_cache_fraction > 0:   # DAPO soft overlong punishment, added to the reward
