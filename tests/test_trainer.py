@@ -116,3 +116,37 @@ def test_lora_run_from_a_model_directory_saves_an_adapter_checkpoint(tmp_path):
     assert not (result.checkpoint / "model.safetensors").exists()          # the adapter only
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["kl/mean"] is not None                               # reference = adapters disabled
+
+
+def test_chat_dataset_with_a_reward_model_and_lora_end_to_end(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    tok = build_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    model_dir, rm_dir = tmp_path / "policy", tmp_path / "rm"
+    build_model(tok, "micro", seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    torch.manual_seed(0)
+    rm = Qwen2ForSequenceClassification(Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
+                                                    num_attention_heads=2, num_key_value_heads=1,
+                                                    intermediate_size=64, num_labels=1,
+                                                    pad_token_id=tok.pad_token_id))
+    rm.save_pretrained(rm_dir)
+    tok.save_pretrained(rm_dir)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"{a}+{a}="}], "answer": str(2 * a)})
+                              for a in range(6)) + "\n")
+    seen = tmp_path / "seen.py"
+    seen.write_text("def is_chat(prompts, completions, answer, **kw):\n"
+                    "    return [float(isinstance(p, list) and p[-1]['role'] == 'user') for p in prompts]\n")
+    flat = {"model.path": str(model_dir), "lora.enabled": True, "lora.r": 2, "data.dataset": str(data),
+            "data.column_map": {"messages": "prompt"}, "data.system_prompt": "add",
+            "reward.functions": [str(rm_dir), f"{seen}:is_chat"], "train.output_dir": str(tmp_path / "out"),
+            "train.max_steps": 1, "train.prompts_per_step": 2, "rollout.num_generations": 3,
+            "rollout.max_new_tokens": 4, "log.progress_bar": False}
+    result = train(build_config(overrides=flat))
+    record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["reward/is_chat/mean"] == 1.0                  # reward functions got the message lists
+    assert record["reward/rm:rm/none_frac"] == 0.0 and record["reward/rm:rm/std"] > 0
+    assert (result.checkpoint / "adapter_config.json").is_file()
