@@ -26,6 +26,20 @@ Examples:
 List every key with its default and meaning: grpo train --help-config
 """
 
+CHECK_DESCRIPTION = """\
+Score a JSONL file of completions with reward functions, without training; prints per function
+the mean (over completions with a value), the share of None, the error count and n.
+
+Completions file: one JSON object per line with
+  completion   the text (or a list of chat messages), required
+  prompt       the prompt, and any other columns inline (answer, language, completion_ids, ...)
+  index        and/or a 0-based row number of --dataset: that row's columns are joined in
+               (the completion row's own keys win)
+Every row needs a prompt or an index. A column missing from some rows is None there.
+Example line: {"index": 3, "completion": "<think>...</think><answer>42</answer>"}
+Weights and other reward/data keys come from --config and --section.key VALUE options.
+"""
+
 
 def parse_overrides(tokens: list[str]) -> dict[str, Any]:
     """['--a.b', '1', '--c.d=x'] -> {'a.b': 1, 'c.d': 'x'}; anything else is an error."""
@@ -114,6 +128,14 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_rewards_check(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.rewards.check import check_config, run_check
+
+    cfg = check_config(args.config, args.reward, args.dataset, args.reward_errors, parse_overrides(extra))
+    print(run_check(cfg, args.completions))
+    return 0
+
+
 def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.sft import main as sft_main
 
@@ -129,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config file (sections: model, lora, data, rollout, reward, algorithm, optim, train, log).")
     p.add_argument("--model", help="Local Hugging Face model directory (default: the embedded base policy).")
-    p.add_argument("--dataset", help="JSONL prompt file (default: the embedded arithmetic task).")
+    p.add_argument("--dataset", help="Prompt dataset: .jsonl/.json/.csv/.parquet or a save_to_disk directory (default: the embedded arithmetic task).")
     p.add_argument("--reward", action="append", help="Reward function: a built-in name or file.py:function (repeatable).")
     p.add_argument("--output-dir", dest="output_dir", help="Output directory (metrics.jsonl, config.yaml, checkpoint).")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="Number of GRPO steps.")
@@ -168,6 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="Parameter dtype of the export (default: the dtype stored with the model).")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("rewards", help="Reward-function tools (`grpo rewards check --help`).")
+    rewards = p.add_subparsers(dest="rewards_command", required=True)
+    p = rewards.add_parser("check", help="Score a JSONL file of completions with reward functions (no training).",
+                           description=CHECK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--completions", required=True, help="JSONL file of completions (format above).")
+    p.add_argument("--reward", action="append", help="Reward function: a built-in name (optionally name:key=value,...), "
+                                                     "file.py:function or a reward-model directory (repeatable; "
+                                                     "default: reward.functions of the config).")
+    p.add_argument("--dataset", help="Dataset the completions' 'index' points into (default: data.dataset).")
+    p.add_argument("--config", help="YAML config file (reward and data sections are used).")
+    p.add_argument("--reward-errors", dest="reward_errors", choices=["raise", "zero"],
+                   help="A reward function that fails: raise (stop, default) | zero (count as 0.0).")
+    p.set_defaults(func=cmd_rewards_check)
 
     p = sub.add_parser("sft", help="Cold-start supervised fine-tuning of the embedded base policy "
                                    "(`grpo sft --help` for its options).", add_help=False)

@@ -77,11 +77,16 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    functions: list[str] = _f(["accuracy", "format"], "Reward functions: built-in names or `path/to/file.py:function`.")
+    functions: list[str] = _f(["accuracy", "format"], "Reward functions: built-in names (accuracy, format, math_accuracy, "
+                              "think_format, tag_count, cosine_length, repetition_penalty, soft_overlong, "
+                              "language_consistency, code_execution; parameters as name:key=value,...), "
+                              "`path/to/file.py:function` (sync or async) or a reward-model directory.")
     weights: list[float] | None = _f(None, "One weight per reward function (default: all 1.0).")
     process_functions: list[str] = _f([], "Step-reward functions (process supervision, DeepSeekMath 4.1.3): "
                                       "`file.py:function` returning one reward per reasoning step.")
     step_delimiter: str = _f("\n", "Text that ends a reasoning step, for process_functions.")
+    reward_errors: str = _f("raise", "A reward function that raises or returns NaN/inf: raise (stop with an error naming "
+                            "the function and completion) | zero (count it as 0.0; logged as reward/<name>/errors).")
 
 
 @dataclass(frozen=True)
@@ -348,6 +353,7 @@ def validate(cfg: Config) -> None:
          "reward.step_delimiter may not be empty when reward.process_functions is set"),
         (cfg.reward.weights is None or len(cfg.reward.weights) == len(cfg.reward.functions),
          "reward.weights must have one weight per entry of reward.functions"),
+        (cfg.reward.reward_errors in ("raise", "zero"), "reward.reward_errors must be raise | zero"),
         (cfg.data.num_train_prompts >= 1, "data.num_train_prompts must be >= 1"),
         (cfg.data.max_prompt_length >= 0, "data.max_prompt_length must be >= 0 (0 = no limit)"),
         (cfg.data.long_prompts in ("drop", "truncate", "error"), "data.long_prompts must be drop | truncate | error"),

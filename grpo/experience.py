@@ -11,6 +11,7 @@ string; this module only wires them together.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,13 +42,14 @@ class Groups:
     per_function: torch.Tensor               # [N, R] rewards, NaN = None
     total: torch.Tensor                      # [N] combined reward (NaN = no reward at all)
     sample_s: float = 0.0                    # seconds spent sampling these completions
+    errors: dict[str, int] = field(default_factory=dict)  # per function: rewards zeroed after an error
 
     def select(self, index: torch.Tensor) -> "Groups":
         idx = index.tolist()
         return Groups(select_rows(self.gen, index), [self.prompts[i] for i in idx],
                       {k: [v[i] for i in idx] for k, v in self.columns.items()},
                       [self.completions[i] for i in idx], self.per_function[index], self.total[index],
-                      self.sample_s)
+                      self.sample_s, self.errors)
 
 
 @dataclass
@@ -94,13 +96,14 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, rng, d
     columns = {name: repeat_each(values, k) for name, values in prompts.columns.items()}
     completion_ids = [[t for t, m in zip(ids, mask) if m]                # as TRL: token ids per completion
                       for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
-    scored = score(rewards, cfg.reward.weights, per_prompt, completions, {**columns, "completion_ids": completion_ids})
+    scored = score(rewards, cfg.reward.weights, per_prompt, completions, {**columns, "completion_ids": completion_ids},
+                   on_error=cfg.reward.reward_errors)
     weights = torch.tensor(cfg.reward.weights or [1.0] * len(rewards), dtype=torch.float32)
     total = REWARD_COMBINERS[algo.reward_combination](scored.per_function, weights, k, algo.advantage_eps)
     if algo.overlong_cache_fraction > 0:   # DAPO soft overlong punishment, added to the reward
         cache = max(1, round(algo.overlong_cache_fraction * ro.max_new_tokens))
         total = total + soft_overlong_penalty(lengths_of(gen), ro.max_new_tokens, cache, algo.overlong_penalty_factor)
-    groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s)
+    groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s, scored.errors)
     if algo.gfpo_sample_size:              # GFPO: keep G of the k samples of each prompt
         groups = groups.select(gfpo_select(total, lengths_of(gen), k, ro.num_generations, algo.gfpo_metric))
     return groups
@@ -127,6 +130,7 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
     if not algo.dynamic_sampling:
         return first, {}
     kept, spare, drawn, tries, sample_s = [], [], B, 0, first.sample_s
+    errors = Counter(first.errors)
     current = first
     while True:
         informative = informative_groups(current.total, G).tolist()
@@ -143,10 +147,11 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
         drawn += B - have
         current = draw_groups(model, tokenizer, stream.next(B - have), rewards, cfg, rng, device)
         sample_s += current.sample_s
+        errors.update(current.errors)
     informative_count = sum(p.total.numel() for p in kept) // G
     parts = kept + spare
     groups = concat_groups(parts, tokenizer.pad_token_id).select(torch.arange(B * G))
-    groups.sample_s = sample_s
+    groups.sample_s, groups.errors = sample_s, dict(errors)
     return groups, {"sampling/groups_drawn": float(drawn), "sampling/extra_rounds": float(tries),
                     "sampling/informative_groups": float(min(informative_count, B))}
 
@@ -211,5 +216,5 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     if algo.num_iterations == 1:
         old = None                                       # pi_old = pi_theta.detach() in the update
     batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref)
-    scored = Scored(names=[n for n, _ in rewards], per_function=groups.per_function, total=total)
+    scored = Scored(names=[n for n, _ in rewards], per_function=groups.per_function, total=total, errors=groups.errors)
     return Experience(batch, groups, scored, adv, metrics)

@@ -23,6 +23,8 @@ def reward_metrics(scored: Scored) -> dict[str, float]:
         out[f"reward/{name}/mean"] = float(vals.mean()) if vals.numel() else float("nan")
         out[f"reward/{name}/std"] = float(vals.std(unbiased=False)) if vals.numel() else float("nan")
         out[f"reward/{name}/none_frac"] = float(torch.isnan(col).float().mean())
+    for name, count in scored.errors.items():                              # reward.reward_errors: zero
+        out[f"reward/{name}/errors"] = float(count)
     return out
 
 

@@ -1,3 +1,4 @@
+import asyncio
 import math
 
 import pytest
@@ -78,3 +79,141 @@ def test_load_reward_from_file(tmp_path):
     with pytest.raises(RewardError, match="unknown reward 'accuracyy'"):
         load_reward("accuracyy")
     assert load_reward("accuracy")[1] is accuracy_reward
+
+
+def test_all_none_rows_get_nan_total():
+    def maybe(prompts, completions, **kw):
+        return [None, 1.0]
+
+    def never(prompts, completions, **kw):
+        return [None, None]
+
+    s = score([("maybe", maybe), ("never", never)], [2.0, 1.0], ["p"] * 2, ["a", "b"], {})
+    assert math.isnan(s.total[0]) and s.total[1] == 2.0
+    assert s.errors == {"maybe": 0, "never": 0}
+
+
+def test_async_rewards_run_concurrently():
+    state = {"running": 0, "peak": 0}
+
+    async def tracked(prompts, completions, **kw):
+        state["running"] += 1
+        state["peak"] = max(state["peak"], state["running"])
+        await asyncio.sleep(0.05)
+        state["running"] -= 1
+        return [1.0] * len(completions)
+
+    def plain(prompts, completions, **kw):
+        return [0.5] * len(completions)
+
+    s = score([("a", tracked), ("plain", plain), ("b", tracked), ("c", tracked)], None, ["p"], ["x"], {})
+    assert state["peak"] == 3 and s.total.tolist() == [3.5]
+
+
+def test_async_rewards_inside_a_running_event_loop():
+    async def fn(prompts, completions, **kw):
+        return [2.0] * len(completions)
+
+    async def caller():  # e.g. a notebook: score() is called while a loop runs
+        return score([("fn", fn)], None, ["p"], ["x"], {})
+
+    assert asyncio.run(caller()).total.tolist() == [2.0]
+
+
+def fails_on_bad(prompts, completions, **kw):
+    return [1 / 0 if "bad" in c else 1.0 for c in completions]
+
+
+def fails_on_batches(prompts, completions, **kw):
+    if len(completions) > 1:
+        raise RuntimeError("batch too large")
+    return [1.0]
+
+
+async def async_fails_on_bad(prompts, completions, **kw):
+    return fails_on_bad(prompts, completions)
+
+
+@pytest.mark.parametrize("fn,index,message", [
+    (fails_on_bad, 1, "reward function 'f' raised ZeroDivisionError: division by zero for completion 1 "
+                      "('a bad one') (and 1 more completions)"),
+    (async_fails_on_bad, 1, "reward function 'f' raised ZeroDivisionError: division by zero for completion 1 "
+                            "('a bad one') (and 1 more completions)"),
+    (fails_on_batches, None, "reward function 'f' raised RuntimeError: batch too large on the batch of 3 "
+                             "completions, but no single completion fails alone"),
+    (lambda p, c, **kw: [1.0, float("nan"), 1.0], 1, "reward function 'f' returned nan: expected a finite number "
+                                                     "or None for completion 1 ('a bad one')"),
+    (lambda p, c, **kw: [1.0, 1.0, float("-inf")], 2, "reward function 'f' returned -inf: expected a finite number "
+                                                      "or None for completion 2 ('bad too')"),
+    (lambda p, c, **kw: [1.0, "2", 1.0], 1, "reward function 'f' returned '2': expected a finite number or None for "
+                                            "completion 1 ('a bad one')"),
+    (lambda p, c, **kw: [1.0], None, "reward function 'f' must return one value per completion (3), got 1"),
+    (lambda p, c, **kw: None, None, "reward function 'f' must return one value per completion (3), got None"),
+])
+def test_errors_name_the_function_and_the_completion(fn, index, message):
+    with pytest.raises(RewardError) as info:
+        score([("ok", lambda p, c, **kw: [0.0] * len(c)), ("f", fn)], None, ["p"] * 3, ["good", "a bad one", "bad too"], {})
+    assert (str(info.value), info.value.index) == (message, index)
+
+
+@pytest.mark.parametrize("fn,values,errors", [
+    (fails_on_bad, [1.0, 0.0, 0.0], 2),                                   # failing completions -> 0, others kept
+    (async_fails_on_bad, [1.0, 0.0, 0.0], 2),
+    (fails_on_batches, [0.0, 0.0, 0.0], 3),                               # a batch-level failure zeroes the batch
+    (lambda p, c, **kw: [None, float("inf"), 0.5], [math.nan, 0.0, 0.5], 1),
+    (lambda p, c, **kw: [1.0], [0.0, 0.0, 0.0], 3),
+])
+def test_reward_errors_zero(fn, values, errors):
+    s = score([("ok", lambda p, c, **kw: [1.0] * len(c)), ("f", fn)], None, ["p"] * 3, ["good", "a bad one", "bad too"],
+              {}, on_error="zero")
+    assert s.per_function[:, 1].tolist() == pytest.approx(values, nan_ok=True)
+    assert s.errors == {"ok": 0, "f": errors}
+
+
+def test_error_excerpt_is_short_and_on_one_line():
+    def boom(prompts, completions, **kw):
+        raise ValueError("first line\nsecond line")
+
+    with pytest.raises(RewardError) as info:
+        score([("boom", boom)], None, ["p"], ["x" * 100 + "\nmore"], {})
+    assert str(info.value) == f"reward function 'boom' raised ValueError: first line for completion 0 ('{'x' * 57}...')"
+
+
+def test_unknown_error_mode():
+    with pytest.raises(RewardError, match="reward_errors must be one of raise | zero"):
+        score([], None, [], [], {}, on_error="ignore")
+
+
+def test_step_reward_call_names_the_completion():
+    from grpo.rewards import _call
+
+    def steps(prompts, completions, steps, **kw):
+        return [[len(s) for s in st] if "x" not in c else 1 / 0 for c, st in zip(completions, steps)]
+
+    assert _call("steps", steps, ["p"], ["ab"], {"steps": [["a", "b"]]}) == [[1, 1]]
+    with pytest.raises(RewardError, match="'steps' raised ZeroDivisionError: division by zero for completion 1 \\('x'\\)"):
+        _call("steps", steps, ["p", "q"], ["ab", "x"], {"steps": [["a"], ["x"]]})
+
+
+def test_load_async_reward_from_file(tmp_path):
+    f = tmp_path / "remote.py"
+    f.write_text("import asyncio\n\nasync def judge(prompts, completions, **kw):\n"
+                 "    await asyncio.sleep(0)\n    return [float(c == 'yes') for c in completions]\n")
+    assert score([load_reward(f"{f}:judge")], [2.0], ["p", "q"], ["yes", "no"], {}).total.tolist() == [2.0, 0.0]
+
+
+def test_reward_errors_config_key():
+    from grpo.config import ConfigError, build_config
+
+    assert build_config({}, {}).reward.reward_errors == "raise"
+    assert build_config({"reward": {"reward_errors": "zero"}}).reward.reward_errors == "zero"
+    with pytest.raises(ConfigError, match="reward.reward_errors must be raise | zero"):
+        build_config({}, {"reward.reward_errors": "skip"})
+
+
+def test_metrics_ignore_rows_without_any_reward():
+    from grpo.metrics import reward_metrics
+
+    s = score([("f", lambda p, c, **kw: [None, 1.0, 3.0])], None, ["p"] * 3, ["a", "b", "c"], {})
+    m = reward_metrics(s)
+    assert (m["reward/total/mean"], m["reward/f/mean"], m["reward/f/none_frac"]) == (2.0, 2.0, pytest.approx(1 / 3))

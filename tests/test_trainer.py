@@ -150,3 +150,19 @@ def test_chat_dataset_with_a_reward_model_and_lora_end_to_end(tmp_path):
     assert record["reward/is_chat/mean"] == 1.0                  # reward functions got the message lists
     assert record["reward/rm:rm/none_frac"] == 0.0 and record["reward/rm:rm/std"] > 0
     assert (result.checkpoint / "adapter_config.json").is_file()
+
+
+def test_reward_errors_zero_keeps_training_and_counts(tmp_path):
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text("def flaky(prompts, completions, **kw):\n"
+                     "    return [1.0 / (len(c) % 2) for c in completions]\n")   # odd lengths fail
+    _, result, records = run(tmp_path, flaky, **{"reward.functions": [f"{flaky}:flaky"], "reward.reward_errors": "zero"})
+    assert len(records) == 2 and all("reward/flaky/errors" in r for r in records)
+    assert sum(r["reward/flaky/errors"] for r in records) > 0
+
+
+def test_reward_errors_raise_names_the_function(tmp_path):
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text("def flaky(prompts, completions, **kw):\n    raise KeyError('answer')\n")
+    with pytest.raises(ValueError, match="reward function 'flaky' raised KeyError"):
+        run(tmp_path, flaky, **{"reward.functions": [f"{flaky}:flaky"]})

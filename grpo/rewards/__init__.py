@@ -1,51 +1,87 @@
-"""Reward functions: the protocol, the registry of built-ins, and scoring.
+"""Reward functions: the protocol, loading them by name, and scoring.
 
 A reward function has TRL's signature::
 
     fn(prompts: list, completions: list[str], **columns) -> list[float | None]
 
 one value per completion; every dataset column (e.g. ``answer``) is passed by name, one value per
-completion. ``None`` means "does not apply to this sample": it is left out of that function's
-mean and of the weighted sum. ``async def`` functions are awaited.
+completion, and the trainer adds ``completion_ids`` (each completion's token ids, as TRL does).
+``None`` means "does not apply to this sample": it is left out of that function's mean and of the
+weighted sum; a completion for which every function returns None gets no reward (total NaN,
+advantage 0). ``async def`` functions are awaited concurrently (grpo/rewards/scoring.py, which
+also describes error handling and ``reward.reward_errors``).
+
+A reward is named by a spec (``--reward`` / ``reward.functions``):
+
+* a built-in name (grpo/rewards/builtin.py lists them), optionally with parameters:
+  ``cosine_length:max_len=512,wrong_at_0=-1`` (the whole spec is then the reward's name);
+* ``path/to/file.py:function`` (sync or ``async def``);
+* a reward-model directory (grpo/rewards/reward_model.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import inspect
-import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import torch
+import yaml
 
-from grpo.rewards.builtin import BUILTIN_REWARDS
-from grpo.types import Scored
+from grpo.rewards.builtin import BUILTIN_REWARDS, REWARD_FACTORIES
+from grpo.rewards.scoring import REWARD_ERROR_MODES, RewardError, RewardFn, call_one, score
 
-RewardFn = Callable[..., Any]
+__all__ = ["BUILTIN_REWARDS", "REWARD_ERROR_MODES", "REWARD_FACTORIES", "RewardError", "RewardFn", "load_reward",
+           "score"]
+
+# process.py (step rewards) calls one function through this name.
+_call = call_one
 
 
-class RewardError(ValueError):
-    """A reward function that cannot be loaded or returned something unusable (one-line message)."""
+def _convert(name: str, key: str, raw: str, default: Any) -> Any:
+    """A parameter's text as the type of its default: text for strings, YAML otherwise."""
+    if isinstance(default, str):
+        return raw
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise RewardError(f"reward '{name}': parameter {key} must be true or false, got '{raw}'")
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise RewardError(f"reward '{name}': parameter {key} must be a number, got '{raw}'")
+    return value
 
 
-def load_reward(spec: str) -> tuple[str, RewardFn]:
-    """Resolve a built-in name, `path/to/file.py:function` or a reward-model directory to (name, function).
+def parse_params(name: str, text: str) -> dict[str, Any]:
+    """'max_len=512,cache=64' -> {'max_len': 512, 'cache': 64}, checked against the factory of ``name``."""
+    factory = REWARD_FACTORIES.get(name)
+    if factory is None:
+        raise RewardError(f"reward '{name}' takes no parameters (these do: {', '.join(sorted(REWARD_FACTORIES))})")
+    accepted = inspect.signature(factory).parameters
+    params: dict[str, Any] = {}
+    for item in (s.strip() for s in text.split(",")):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise RewardError(f"reward '{name}': parameter '{item}' must be key=value")
+        if key not in accepted:
+            raise RewardError(f"reward '{name}' has no parameter '{key}' (parameters: {', '.join(accepted)})")
+        params[key] = _convert(name, key, raw, accepted[key].default)
+    return params
 
-    A directory holding a single-label ``...ForSequenceClassification`` model becomes
-    ``("rm:<dirname>", scorer)`` (see grpo/rewards/reward_model.py).
-    """
-    if spec in BUILTIN_REWARDS:
-        return spec, BUILTIN_REWARDS[spec]
-    if Path(spec).is_dir():
-        from grpo.rewards.reward_model import load_reward_model
 
-        return load_reward_model(spec)
-    path, sep, fn_name = spec.rpartition(":")
-    if not sep or not path.endswith(".py"):
-        raise RewardError(f"unknown reward '{spec}': use one of {sorted(BUILTIN_REWARDS)}, path/to/file.py:function "
-                          "or a reward-model directory")
+def load_builtin(spec: str) -> tuple[str, RewardFn]:
+    """A built-in by name, or built by its factory from ``name:key=value,...``."""
+    name, sep, text = spec.partition(":")
+    if not sep:
+        return name, BUILTIN_REWARDS[name]
+    params = parse_params(name, text)
+    return spec, REWARD_FACTORIES[name](**params)
+
+
+def load_file_reward(path: str, fn_name: str) -> tuple[str, RewardFn]:
+    """``function`` of the Python file ``path`` (imported as a fresh module)."""
     file = Path(path)
     if not file.is_file():
         raise RewardError(f"reward file not found: {file}")
@@ -61,35 +97,21 @@ def load_reward(spec: str) -> tuple[str, RewardFn]:
     return fn_name, fn
 
 
-def _call(name: str, fn: RewardFn, prompts: list, completions: list[str], columns: dict[str, list]) -> list:
-    try:
-        out = fn(prompts, completions, **columns)
-        if inspect.isawaitable(out):
-            out = asyncio.run(out)
-    except Exception as e:
-        raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e}") from None
-    if out is None or len(out) != len(completions):
-        raise RewardError(f"reward function '{name}' must return one value per completion "
-                          f"({len(completions)}), got {None if out is None else len(out)}")
-    return list(out)
+def load_reward(spec: str) -> tuple[str, RewardFn]:
+    """Resolve a built-in (with optional parameters), `path/to/file.py:function` or a reward-model
+    directory to (name, function).
 
-
-def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, prompts: list,
-          completions: list[str], columns: dict[str, list]) -> Scored:
-    """Run every reward function and combine: total_i = sum_k w_k r_ik over the k with r_ik not None.
-
-    Shape: N completions -> per_function [N, R] (NaN = None), total [N]
+    A directory holding a single-label ``...ForSequenceClassification`` model becomes
+    ``("rm:<dirname>", scorer)`` (see grpo/rewards/reward_model.py).
     """
-    weights = weights or [1.0] * len(functions)
-    table = torch.full((len(completions), len(functions)), float("nan"))
-    for k, (name, fn) in enumerate(functions):
-        for i, value in enumerate(_call(name, fn, prompts, completions, columns)):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise RewardError(f"reward function '{name}' returned {value!r} for completion {i}: "
-                                  "expected a finite number or None")
-            table[i, k] = float(value)
-    w = torch.tensor(weights, dtype=torch.float32)                          # [R]
-    total = torch.nansum(table * w, dim=1)                                  # [N] None contributes 0
-    return Scored(names=[n for n, _ in functions], per_function=table, total=total)
+    if spec.partition(":")[0] in BUILTIN_REWARDS:
+        return load_builtin(spec)
+    if Path(spec).is_dir():
+        from grpo.rewards.reward_model import load_reward_model
+
+        return load_reward_model(spec)
+    path, sep, fn_name = spec.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        raise RewardError(f"unknown reward '{spec}': use one of {sorted(BUILTIN_REWARDS)}, path/to/file.py:function "
+                          "or a reward-model directory")
+    return load_file_reward(path, fn_name)

@@ -1,7 +1,28 @@
-"""Built-in rewards for the embedded arithmetic task (TRL's reward signature)."""
+"""The registry of built-in rewards (TRL's reward signature), by name.
+
+=====================  ==========================================================================
+accuracy, format       the embedded arithmetic task (integer ``<answer>``; its strict format)
+math_accuracy          final answer (``<answer>`` / last ``\\boxed{}``) vs ``answer``/``solution``, math-verify
+think_format           strict ``<think>…</think><answer>…</answer>`` -> 1.0 / 0.0
+tag_count              0.25 per well-placed ``<think>``, ``</think>``, ``<answer>``, ``</answer>``
+cosine_length          cosine-scaled length reward (Yeo et al., 2025)            parameters
+repetition_penalty     n-gram repetition penalty                                  parameters
+soft_overlong          DAPO soft overlong punishment from token lengths           parameters
+language_consistency   share of the reasoning in the target language (DeepSeek-R1) parameters
+code_execution         run the completion's code against the ``tests`` column (grpo/rewards/code.py)
+=====================  ==========================================================================
+
+Rewards with parameters have a factory in ``REWARD_FACTORIES``; ``name:key=value,key=value``
+(values read as YAML) builds an instance, e.g. ``cosine_length:max_len=512``.
+"""
 
 from __future__ import annotations
 
+from grpo.rewards.language import language_consistency, make_language_consistency
+from grpo.rewards.math_answer import math_accuracy
+from grpo.rewards.shaping import (cosine_length, make_cosine_length, make_repetition_penalty, make_soft_overlong,
+                                  repetition_penalty, soft_overlong)
+from grpo.rewards.text import tag_count, think_format
 from grpo.tasks.arithmetic import format_ok, is_correct
 
 
@@ -17,4 +38,30 @@ def format_reward(prompts: list, completions: list[str], **_: object) -> list[fl
     return [float(format_ok(c)) for c in completions]
 
 
-BUILTIN_REWARDS = {"accuracy": accuracy_reward, "format": format_reward}
+def code_execution(prompts: list, completions: list, **columns: object) -> list:
+    """Runs the completion's code against the row's tests; see grpo.rewards.code.code_execution
+    (imported on first use)."""
+    from grpo.rewards.code import code_execution as run
+
+    return run(prompts, completions, **columns)
+
+
+BUILTIN_REWARDS = {
+    "accuracy": accuracy_reward,
+    "format": format_reward,
+    "math_accuracy": math_accuracy,
+    "think_format": think_format,
+    "tag_count": tag_count,
+    "cosine_length": cosine_length,
+    "repetition_penalty": repetition_penalty,
+    "soft_overlong": soft_overlong,
+    "language_consistency": language_consistency,
+    "code_execution": code_execution,
+}
+
+REWARD_FACTORIES = {
+    "cosine_length": make_cosine_length,
+    "repetition_penalty": make_repetition_penalty,
+    "soft_overlong": make_soft_overlong,
+    "language_consistency": make_language_consistency,
+}

@@ -1,0 +1,265 @@
+"""Running reward functions on a batch: concurrency, value checks, error handling, the weighted sum.
+
+Every function of one scoring call is called once on the whole batch. Plain functions run one
+after the other; ``async def`` functions (anything returning an awaitable) are then awaited
+*concurrently*, all in one event loop (``asyncio.gather``). When the caller is itself inside a
+running event loop (a notebook), that loop is left alone and the gather runs in a helper thread.
+
+Errors (a function raises, returns the wrong number of values, or a value that is not a finite
+number or None) are handled by the ``on_error`` mode (``reward.reward_errors``):
+
+* ``raise`` (default): a one-line :class:`RewardError` naming the function and the completion
+  (index and a short excerpt; ``RewardError.index``). When the call on the whole batch raises, the
+  function is called again once per completion to find the completions that fail; if none fails
+  alone, the message says so.
+* ``zero``: every failing value becomes 0.0 for that function. After a raising batch call, the
+  completions that fail alone get 0.0 and the others their per-completion value; a batch-level
+  failure (wrong number of values, or no completion fails alone) zeroes the whole batch.
+  ``Scored.errors[name]`` counts the completions whose reward was replaced by 0.0, and one
+  warning is logged per function and call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import numbers
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from grpo.types import Scored
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[..., Any]
+Checker = Callable[[Any], "tuple[Any, str | None]"]
+#: Values of ``reward.reward_errors``.
+REWARD_ERROR_MODES = ("raise", "zero")
+#: Characters of a completion quoted in error messages.
+EXCERPT_CHARS = 60
+
+
+class RewardError(ValueError):
+    """A reward function that cannot be loaded or returned something unusable (one-line message).
+
+    ``index`` is the completion the error is about (None: the whole batch, or no completion).
+    """
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
+
+
+@dataclass
+class Failure:
+    """One error of a reward function: on completion ``index``, or on the whole batch (None)."""
+
+    index: int | None
+    message: str
+
+
+# ---------------------------------------------------------------- calling (sync, then async concurrently)
+
+
+def _start(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> Any:
+    """``fn(prompts, completions, **columns)``: its result, awaitable, or the exception it raised."""
+    try:
+        return fn(prompts, completions, **columns)
+    except Exception as e:  # a user's function: reported with its name by the caller
+        return e
+
+
+async def _gather(awaitables: list) -> list:
+    return await asyncio.gather(*awaitables, return_exceptions=True)
+
+
+def _await_all(awaitables: list) -> list:
+    """Results of the awaitables, run concurrently in one event loop (exceptions returned as values)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_gather(awaitables))
+    with ThreadPoolExecutor(max_workers=1) as pool:  # inside a running loop: use a fresh one elsewhere
+        return pool.submit(asyncio.run, _gather(awaitables)).result()
+
+
+def run_calls(calls: list[tuple[RewardFn, list, list, dict[str, list]]]) -> list:
+    """Run every ``(fn, prompts, completions, columns)`` call; async ones concurrently.
+
+    Returns one entry per call: the function's output or the exception it raised.
+    """
+    results = [_start(*call) for call in calls]
+    pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
+    if pending:
+        for i, value in zip(pending, _await_all([results[i] for i in pending])):
+            results[i] = value
+    return results
+
+
+def row_columns(columns: dict[str, list], i: int) -> dict[str, list]:
+    """The columns of completion i alone: {k: [v[i]]}."""
+    return {k: [v[i]] for k, v in columns.items()}
+
+
+# ---------------------------------------------------------------- messages
+
+
+def excerpt(completion: Any, width: int = EXCERPT_CHARS) -> str:
+    """A short quoted start of a completion for error messages (newlines escaped)."""
+    text = completion if isinstance(completion, str) else str(completion)
+    return repr(text if len(text) <= width else text[:width - 3] + "...")
+
+
+def describe(e: BaseException) -> str:
+    """'KeyError: x' on one line (first line of the message, at most 200 characters)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+def _at(completions: list, i: int) -> str:
+    return f"for completion {i} ({excerpt(completions[i])})"
+
+
+# ---------------------------------------------------------------- checking the output of one function
+
+
+def check_value(value: Any) -> tuple[float | None, str | None]:
+    """A reward value as (float or None, None), or (None, why it is unusable)."""
+    if value is None:
+        return None, None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None, f"returned {value!r}: expected a finite number or None"
+    if not math.isfinite(float(value)):
+        return None, f"returned {float(value)!r}: expected a finite number or None"
+    return float(value), None
+
+
+def unchecked(value: Any) -> tuple[Any, None]:
+    """Any value is fine (callers check it themselves, e.g. per-step reward lists)."""
+    return value, None
+
+
+def shape_problem(out: Any, n: int) -> str | None:
+    """Why ``out`` is not a sequence of n values (None when it is)."""
+    if not isinstance(out, (str, bytes)) and hasattr(out, "__len__") and len(out) == n:
+        return None
+    got = len(out) if hasattr(out, "__len__") and not isinstance(out, (str, bytes)) else repr(out)[:40]
+    return f"must return one value per completion ({n}), got {got}"
+
+
+def check_output(name: str, out: Any, completions: list, check: Checker = check_value) -> tuple[list, list[Failure]]:
+    """A batch output (not an exception) as one checked value per completion, and the failures."""
+    problem = shape_problem(out, len(completions))
+    if problem:
+        return [None] * len(completions), [Failure(None, f"reward function '{name}' {problem}")]
+    values, failures = [], []
+    for i, raw in enumerate(out):
+        value, problem = check(raw)
+        if problem:
+            failures.append(Failure(i, f"reward function '{name}' {problem} {_at(completions, i)}"))
+        values.append(value)
+    return values, failures
+
+
+def locate(name: str, fn: RewardFn, prompts: list, completions: list, columns: dict[str, list],
+           check: Checker = check_value) -> tuple[list, list[Failure]]:
+    """After a batch call raised: call ``fn`` once per completion (async ones concurrently).
+
+    Returns the per-completion values and one failure per completion that fails alone.
+    """
+    outs = run_calls([(fn, [prompts[i]], [completions[i]], row_columns(columns, i)) for i in range(len(completions))])
+    values, failures = [], []
+    for i, out in enumerate(outs):
+        value, problem = None, None
+        if isinstance(out, Exception):
+            problem = f"raised {describe(out)}"
+        else:
+            problem = shape_problem(out, 1)
+            if problem is None:
+                value, problem = check(out[0])
+        if problem:
+            failures.append(Failure(i, f"reward function '{name}' {problem} {_at(completions, i)}"))
+        values.append(value)
+    return values, failures
+
+
+def report(failures: list[Failure]) -> str:
+    """One line: the first failure, plus how many more completions failed."""
+    more = f" (and {len(failures) - 1} more completions)" if len(failures) > 1 else ""
+    return failures[0].message + more
+
+
+def find_failures(name: str, fn: RewardFn, out: Any, prompts: list, completions: list,
+                  columns: dict[str, list], check: Checker = check_value) -> tuple[list, list[Failure]]:
+    """Checked values of one function's batch output and its failures; when the batch call raised,
+    the failing completions are located by calling the function once per completion."""
+    if not isinstance(out, Exception):
+        return check_output(name, out, completions, check)
+    values, failures = locate(name, fn, prompts, completions, columns, check)
+    if not failures:
+        failures = [Failure(None, f"reward function '{name}' raised {describe(out)} on the batch of "
+                                  f"{len(completions)} completions, but no single completion fails alone")]
+    return values, failures
+
+
+def resolve(name: str, fn: RewardFn, out: Any, prompts: list, completions: list, columns: dict[str, list],
+            on_error: str) -> tuple[list, int]:
+    """Checked values of one function for the batch and how many were zeroed (``on_error`` = zero).
+
+    ``raise`` mode raises a one-line RewardError on the first failure.
+    """
+    values, failures = find_failures(name, fn, out, prompts, completions, columns)
+    if not failures:
+        return values, 0
+    if on_error == "raise":
+        raise RewardError(report(failures), failures[0].index)
+    log.warning("%s; counted as 0.0 (reward.reward_errors=zero)", report(failures))
+    if any(f.index is None for f in failures):    # a batch-level failure: the whole batch is zeroed
+        return [0.0] * len(completions), len(completions)
+    for f in failures:
+        values[f.index] = 0.0
+    return values, len(failures)
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, prompts: list,
+          completions: list, columns: dict[str, list], on_error: str = "raise") -> Scored:
+    """Run every reward function and combine: total_i = sum_k w_k r_ik over the k with r_ik not None.
+
+    A completion for which every function returned None gets total NaN ("no reward"; the advantage
+    estimators give it advantage 0). ``Scored.errors`` maps every function name to the number of
+    completions whose reward became 0.0 because of an error (always 0 with ``on_error="raise"``).
+
+    Shape: N completions -> per_function [N, R] (NaN = None), total [N]
+    """
+    if on_error not in REWARD_ERROR_MODES:
+        raise RewardError(f"reward_errors must be one of {' | '.join(REWARD_ERROR_MODES)}, got '{on_error}'")
+    weights = weights or [1.0] * len(functions)
+    outs = run_calls([(fn, prompts, completions, columns) for _, fn in functions])
+    table = torch.full((len(completions), len(functions)), float("nan"))
+    errors: dict[str, int] = {}
+    for k, ((name, fn), out) in enumerate(zip(functions, outs)):
+        values, count = resolve(name, fn, out, prompts, completions, columns, on_error)
+        errors[name] = errors.get(name, 0) + count          # a name listed twice: counts add up
+        table[:, k] = torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float32)
+    w = torch.tensor(weights, dtype=torch.float32)                          # [R]
+    total = torch.nansum(table * w, dim=1)                                  # [N] None contributes 0
+    total[torch.isnan(table).all(dim=1)] = float("nan")                     # no function applied
+    return Scored(names=[n for n, _ in functions], per_function=table, total=total, errors=errors)
+
+
+def call_one(name: str, fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> list:
+    """One function's output, one unchecked entry per completion (e.g. per-step reward lists);
+    errors are one-line RewardErrors naming the function and, when found, the completion."""
+    out = run_calls([(fn, prompts, completions, columns)])[0]
+    values, failures = find_failures(name, fn, out, prompts, completions, columns, unchecked)
+    if failures:
+        raise RewardError(report(failures), failures[0].index)
+    return values
