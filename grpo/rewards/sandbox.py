@@ -1,7 +1,7 @@
 """Run untrusted Python in a throw-away, resource-limited child process.
 
 ``run_sandboxed(code, stdin, timeout, limits)`` writes ``code`` to ``main.py`` in a fresh temporary
-directory and runs it with ``sys.executable -I -S -B`` *this file* (the child-side "boot", below),
+directory and runs it with ``sys.executable -I -S -B`` `_sandbox_boot.py` next to it (the child side),
 in a new session, with a scrubbed environment, stdout/stderr captured up to a cap; on timeout, cap
 overflow or exit, the whole process group (and every process in the run's pids cgroup) is killed
 with SIGKILL and the directory removed. Nothing here uses ``preexec_fn``: the child confines
@@ -23,16 +23,20 @@ Layers, strongest first; ``detect_isolation()`` probes once which ones this mach
   run's process group; without a pid namespace or cgroup, leftover processes are found by an
   environment marker and killed.
 
+Programs see the standard library only (``-S``: no site-packages) and, under namespaces, a read-only
+file system apart from their working directory (no ``/dev/shm``: no multiprocessing locks).
+
 This is defence in depth for reward computation, not a security boundary like a container or a VM:
-the file system stays readable, and audit hooks only see Python-level calls of the top process.
+the file system stays readable; audit hooks only see Python-level calls of the top process (other
+programs it starts escape them, and a determined program can subvert them); the environment marker
+misses descendants started with an emptied environment. Without namespaces, only the hooks stand
+between a program and the network, the parent's files and the parent's processes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 import secrets
 import selectors
 import shutil
@@ -44,8 +48,8 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-SETUP_FAILED = 125          # the child's exit code when it could not confine itself
-_MARKER = "GRPO_SANDBOX_RUN"
+from grpo.rewards._sandbox_boot import _MARKER, SETUP_FAILED, _make_hook, _write  # noqa: F401 (re-exported)
+
 _GRACE = 0.5                # seconds to drain pipes after the program exited
 _CGROUP_ROOTS = ("/sys/fs/cgroup/pids",)
 
@@ -91,7 +95,6 @@ class RunResult:
         return self.returncode == 0 and not self.timed_out and not self.output_truncated
 
 
-# ----------------------------------------------------------------------------------------- parent side
 def run_sandboxed(code: str, stdin: str = "", timeout: float = 5.0, limits: Limits = Limits(),
                   isolation: Isolation | None = None, tmp_root: str | None = None) -> RunResult:
     """Run `code` as a Python program in a sandboxed child; returns within about timeout + 0.5 s."""
@@ -103,10 +106,10 @@ def run_sandboxed(code: str, stdin: str = "", timeout: float = 5.0, limits: Limi
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
         cgroup = _make_cgroup(iso.cgroup, run_id, limits.max_processes + 2)
-        cfg = {"cwd": workdir, "namespaces": iso.namespaces, "cgroup": cgroup, "limits": limits.__dict__,
-               "cpu": limits.cpu_seconds or math.ceil(timeout) + 1, "nproc": _nproc_limit(iso, limits)}
+        argv = [workdir, str(int(iso.namespaces)), cgroup or "", limits.cpu_seconds or math.ceil(timeout) + 1,
+                _nproc_limit(iso, limits), limits.memory_mb, limits.file_size_mb, limits.open_files]
         start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), json.dumps(cfg)],
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", _child_script(), *map(str, argv)],
                                 cwd=workdir, env=_child_env(workdir, run_id), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         kill = lambda: _kill_run(proc, cgroup, None if (iso.namespaces or cgroup) else run_id)  # noqa: E731
@@ -142,6 +145,36 @@ def detect_isolation() -> Isolation:
 
         logging.getLogger(__name__).warning("sandbox: using %s; unavailable: %s", iso.describe(), "; ".join(reasons))
     return iso
+
+
+_BOOT: dict[str, str] = {}
+
+
+def _child_script() -> str:
+    """This module compiled once (next to it when fresh, else into a private temporary directory):
+    Python runs bytecode as a script, which spares every run compiling this file (~15 ms)."""
+    import importlib.util
+    import py_compile
+
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
+    if os.path.isfile(_BOOT.get("path", "")) or not source.endswith(".py"):
+        return _BOOT.get("path", source)
+    cached = importlib.util.cache_from_source(source)
+    if os.path.isfile(cached) and os.path.getmtime(cached) >= os.path.getmtime(source):
+        _BOOT["path"] = cached
+    else:
+        private = tempfile.mkdtemp(prefix="grpo-sandbox-boot-")
+        _remove_at_exit(private)
+        _BOOT["path"] = py_compile.compile(source, cfile=os.path.join(private, "_sandbox_boot.pyc"), doraise=True)
+    return _BOOT["path"]
+
+
+def _remove_at_exit(path: str) -> None:
+    """rmtree `path` when this process exits (not when a forked child does)."""
+    import atexit
+
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(path, ignore_errors=True))
 
 
 def _child_env(workdir: str, run_id: str) -> dict[str, str]:
@@ -330,24 +363,16 @@ def _kill_cgroup(path: str) -> None:
         time.sleep(0.005)
 
 
-_STALE_CGROUPS: list[str] = []
-
-
 def _remove_cgroup(path: str) -> None:
-    """rmdir the run's cgroup (killed processes may need a moment to be reaped); retried on later runs."""
-    for attempt in range(20):
-        for stale in [path] + _STALE_CGROUPS[:]:
-            try:
-                os.rmdir(stale)
-                _STALE_CGROUPS.remove(stale) if stale in _STALE_CGROUPS else None
-            except FileNotFoundError:
-                _STALE_CGROUPS.remove(stale) if stale in _STALE_CGROUPS else None
-            except OSError:
-                continue
-        if not os.path.exists(path):
+    """rmdir the run's cgroup once its killed processes are reaped (an empty leftover is harmless)."""
+    for _ in range(20):
+        try:
+            os.rmdir(path)
             return
-        time.sleep(0.01 * (attempt + 1))
-    _STALE_CGROUPS.append(path)
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
 
 
 def _force_remove(func, path, _exc_info) -> None:
@@ -357,213 +382,3 @@ def _force_remove(func, path, _exc_info) -> None:
         func(path)
     except OSError:
         pass
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-# ------------------------------------------------------------------------------------------ child side
-_CLONE = {"user": 0x10000000, "mount": 0x00020000, "net": 0x40000000, "pid": 0x20000000, "ipc": 0x08000000,
-          "uts": 0x04000000}
-_MS = {"rdonly": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
-       "relatime": 1 << 21, "nosymfollow": 256}
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-_BLOCKED_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
-#: audit event -> ((index of a path argument, index of its dir_fd argument or None), ...)
-_PATH_EVENTS = {"os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
-                "os.chown": ((0, 3),), "os.utime": ((0, 3),), "os.symlink": ((1, 2),), "os.rename": ((0, 2), (1, 3)),
-                "os.link": ((0, 2), (1, 3)), "os.truncate": ((0, None),), "shutil.rmtree": ((0, None),)}
-_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/full", "/dev/stdout", "/dev/stderr", "/dev/tty"})
-
-
-def _child_main(cfg: dict) -> None:
-    """The boot: confine this process (forking into the pid namespace), then run main.py as __main__."""
-    try:
-        _confine(cfg)
-    except Exception as e:  # noqa: BLE001 - any setup failure must stop the run, never run unconfined
-        os.write(2, f"sandbox setup failed: {type(e).__name__}: {e}\n".encode())
-        os._exit(SETUP_FAILED)
-    with open("main.py", encoding="utf-8") as f:
-        source = f.read()
-    _install_audit_hook(os.path.realpath(os.getcwd()))
-    import types
-
-    main = types.ModuleType("__main__")
-    main.__file__ = "main.py"
-    sys.modules["__main__"], sys.argv = main, ["main.py"]
-    exec(compile(source, "main.py", "exec"), main.__dict__)
-
-
-def _confine(cfg: dict) -> None:
-    """Join the cgroup, enter namespaces, set rlimits; in a pid namespace, only the forked child returns."""
-    import ctypes
-    import resource
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if cfg["cgroup"]:
-        _write(os.path.join(cfg["cgroup"], "cgroup.procs"), str(os.getpid()))
-    if cfg["namespaces"]:
-        uid, gid = os.geteuid(), os.getegid()
-        _check(libc.unshare(sum(_CLONE.values())), "unshare")
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"1000 {uid} 1")         # not root inside: exec gains no capabilities
-        _write("/proc/self/gid_map", f"1000 {gid} 1")
-        _mount_readonly(libc, cfg)
-    lim = cfg["limits"]
-    mb = 1 << 20
-    for res, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, cfg["cpu"]),
-                       (resource.RLIMIT_AS, lim["memory_mb"] * mb), (resource.RLIMIT_FSIZE, lim["file_size_mb"] * mb),
-                       (resource.RLIMIT_NOFILE, lim["open_files"]), (resource.RLIMIT_NPROC, cfg["nproc"])):
-        resource.setrlimit(res, (value, value))
-    if cfg["namespaces"]:
-        pid = os.fork()
-        if pid:
-            _relay(pid)
-        if libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(_MS["nosuid"] | _MS["nodev"] | _MS["noexec"]), None):
-            _mount(libc, "tmpfs", "/proc", "tmpfs", _MS["rdonly"], "size=4k")   # hide the host's /proc at least
-        _drop_capabilities(libc)
-    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    _check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
-    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]
-
-
-def _mount_readonly(libc, cfg: dict) -> None:
-    """Remount every mount read-only in the new mount namespace, and a tmpfs as the working directory."""
-    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split() for line in f]
-    for fields in mounts:
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        keep = sum(v for k, v in _MS.items() if k in fields[5].split(","))
-        try:
-            _mount(libc, None, point, None, _MS_REMOUNT | _MS_BIND | _MS["rdonly"] | keep)
-        except OSError:
-            if not point.startswith(("/proc", "/sys")):
-                raise
-    cwd = cfg["cwd"]
-    with open(os.path.join(cwd, "main.py"), "rb") as f:
-        source = f.read()
-    _mount(libc, "tmpfs", cwd, "tmpfs", _MS["nosuid"] | _MS["nodev"],
-           f"size={cfg['limits']['file_size_mb']}m,mode=0755,uid=1000,gid=1000")
-    os.chdir(cwd)
-    with open("main.py", "wb") as f:
-        f.write(source)
-
-
-def _mount(libc, source, target, fstype, flags, data=None) -> None:
-    import ctypes
-
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
-
-
-def _drop_capabilities(libc) -> None:
-    """Clear every capability set (the namespaces' root powers are only needed for the mounts)."""
-    import ctypes
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    data = (ctypes.c_uint32 * 6)()
-    _check(libc.capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        import ctypes
-
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _relay(pid: int) -> None:
-    """The boot outside the pid namespace: wait for its init (the program) and exit the same way."""
-    os.close(0)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-
-
-def _install_audit_hook(root: str) -> None:
-    """Reject, at the Python level, what the program has no business doing (see the module docstring)."""
-    hook = _make_hook(root, os.getpid())
-    sys.addaudithook(hook)
-
-
-def _make_hook(root: str, own_pid: int):
-    realpath, join, fspath = os.path.realpath, os.path.join, os.fspath
-    getpgid, getpid = os.getpgid, os.getpid
-    prefix = root.rstrip("/") + "/"
-
-    def resolve(path, dir_fd=None) -> str | None:
-        if isinstance(path, int) or path is None:
-            return None
-        path = os.fsdecode(fspath(path))
-        if dir_fd is not None and not os.path.isabs(path):
-            path = join(f"/proc/self/fd/{dir_fd}", path)
-        return realpath(path)
-
-    def inside(path) -> bool:
-        return path is None or path == root or path.startswith(prefix)
-
-    def deny(event: str, detail="") -> None:
-        raise PermissionError(f"sandbox: {event} {detail}".rstrip())
-
-    def pgid_ok(target: int) -> bool:
-        try:
-            return target in (0, getpid()) or getpgid(target) == getpgid(0)
-        except OSError:
-            return True           # no such process: the call fails anyway
-
-    def hook(event: str, args: tuple) -> None:
-        if event.startswith(("socket.", "ctypes.")) or event in ("gc.get_objects", "gc.get_referrers",
-                                                                 "gc.get_referents"):
-            deny(event)
-        elif event == "import" and args[0].split(".")[0] in _BLOCKED_MODULES:
-            deny(event, args[0])
-        elif event == "open":
-            path, mode, flags = args
-            full = resolve(path)
-            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or bool(
-                (flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-            if full is None:
-                return
-            if writing and not inside(full) and full not in _DEVICES and not full.startswith("/dev/pts/"):
-                deny(event, full)
-            proc = re.match(r"/proc/(\d+)(/|$)", full)
-            if proc and int(proc.group(1)) not in (own_pid, getpid()):
-                deny(event, full)
-        elif event in _PATH_EVENTS:
-            for i, j in _PATH_EVENTS[event]:
-                dir_fd = args[j] if j is not None and j < len(args) and isinstance(args[j], int) else None
-                full = resolve(args[i], dir_fd)
-                if not inside(full):
-                    deny(event, full)
-        elif event == "os.kill":
-            pid = args[0]
-            if pid == -1 or (pid < -1 and -pid != getpgid(0)) or (pid >= 0 and not pgid_ok(pid)):
-                deny(event, pid)
-        elif event == "os.killpg":
-            if args[0] not in (0, getpgid(0)):
-                deny(event, args[0])
-        elif event == "object.__setattr__" and args[0] is hook:
-            deny(event)
-
-    return hook
-
-
-if __name__ == "__main__":
-    _child_main(json.loads(sys.argv[1]))
