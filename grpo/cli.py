@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import traceback
 from typing import Any
@@ -13,7 +14,8 @@ from grpo.config import ConfigError, build_config, field_help, load_yaml
 
 # Common options with flags of their own, and the config key each one sets.
 FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "train.output_dir",
-             "max_steps": "train.max_steps", "seed": "train.seed", "algorithm": "algorithm.preset"}
+             "max_steps": "train.max_steps", "seed": "train.seed", "algorithm": "algorithm.preset",
+             "resume": "train.resume"}
 
 TRAIN_EPILOG = """\
 Any config key can be set as --section.key VALUE (VALUE is read as YAML: 0.1, true, [a, b]).
@@ -23,6 +25,8 @@ Examples:
   grpo train --config my.yaml --max-steps 50 --algorithm.beta 0.0 --rollout.num_generations 16
   grpo train --model ./my-model --dataset prompts.jsonl --reward my_rewards.py:correct
   grpo train --algorithm dapo --rollout.num_generations 16   # a preset; `grpo presets` lists them
+  grpo train --config my.yaml --resume         # continue from the newest valid checkpoint in output_dir
+Ctrl-C / SIGTERM: the current step finishes, a checkpoint is saved, exit 130 / 143 (again: abort at once).
 List every key with its default and meaning: grpo train --help-config
 """
 
@@ -80,12 +84,36 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"{key:34s} {shown:22s} {help_text}")
         return 0
     cfg = config_from_args(args, extra)
+    from transformers.utils import logging as hf_logging
+
     from grpo.trainer import train
 
+    hf_logging.disable_progress_bar()   # per-checkpoint load/save bars would bury the run's own lines
     result = train(cfg)
+    if result.stopped_by:
+        print(f"grpo: stopped by {result.stopped_by} after step {result.steps} of {cfg.train.max_steps}; "
+              f"checkpoint: {result.checkpoint or 'none'}\nresume with: {resume_command(args.argv)}", file=sys.stderr)
+        return 128 + result.signum
     print(f"done: {result.steps} steps in {result.wall_s:.0f}s; metrics in {result.output_dir / cfg.log.metrics_file}"
           + (f"; policy saved to {result.checkpoint}" if result.checkpoint else ""))
     return 0
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that continues a stopped run: `argv` with its resume options replaced by --resume."""
+    kept, skip = [], False
+    for i, tok in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if tok in ("--resume", "--train.resume"):
+            following = argv[i + 1] if i + 1 < len(argv) else "--"
+            skip = tok == "--train.resume" or not following.startswith("--")
+            continue
+        if tok.startswith(("--resume=", "--train.resume=")):
+            continue
+        kept.append(tok)
+    return shlex.join(["grpo", *kept, "--resume"])
 
 
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
@@ -142,8 +170,15 @@ def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
     return sft_main(extra)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpo", description="Post-train language models with GRPO.")
+    parser = Parser(prog="grpo", description="Post-train language models with GRPO.")
     parser.add_argument("--debug", action="store_true", help="Show full tracebacks on errors.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -158,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="Random seed.")
     p.add_argument("--algorithm", help="Algorithm preset: grpo | dapo | dr_grpo | gspo | gfpo | rloo | reinforce_pp "
                                        "(`grpo presets` shows each one's settings; explicit options override it).")
+    p.add_argument("--resume", nargs="?", const="auto", metavar="PATH",
+                   help="Continue the run from the newest valid checkpoint in the output directory (train.resume=auto; "
+                        "a corrupted newest one is skipped with a warning), or from the checkpoint PATH.")
     p.add_argument("--help-config", action="store_true", help="List every config key with its default and help.")
     p.set_defaults(func=cmd_train)
 
@@ -215,15 +253,24 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.argv = list(argv)
     if args.command in ("eval", "export") and extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
+    from grpo.guards import TrainingError
+
     try:
         return args.func(args, extra)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, OSError, TrainingError) as e:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (multi-line library messages joined)."""
+    text = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+    return text or type(e).__name__

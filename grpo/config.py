@@ -64,6 +64,8 @@ class DataConfig:
     long_prompts: str = _f("drop", "Prompts longer than data.max_prompt_length: drop | truncate (keep the last tokens) "
                            "| error; the count is logged.")
     shuffle: bool = _f(True, "Shuffle the prompts every epoch (seeded).")
+    skip_bad_rows: bool = _f(False, "Skip malformed dataset rows (invalid JSON, missing or empty prompt, wrong type) "
+                             "and log how many, instead of stopping at the first one.")
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,13 @@ class TrainConfig:
     save_final: bool = _f(True, "Save the trained policy to output_dir/checkpoint-<step> at the end.")
     save_steps: int = _f(0, "Also save output_dir/checkpoint-<step> every N steps (0 = only the final one).")
     save_total_limit: int = _f(0, "Keep only the newest K checkpoints (0 = keep all).")
+    resume: str = _f("never", "Continue an interrupted run: never (start at step 0) | auto (from the newest valid "
+                     "checkpoint in output_dir; none yet = start at step 0) | PATH (that checkpoint directory). "
+                     "`grpo train --resume` = auto. See docs/reliability.md.")
+    deterministic: bool = _f(False, "Deterministic kernels (torch.use_deterministic_algorithms) and cuDNN/cuBLAS "
+                             "settings: same seed, config and thread count -> identical results.")
+    max_bad_steps: int = _f(5, "Stop with an error after this many consecutive steps with a non-finite loss or "
+                            "gradient norm (each is skipped); 0 = never stop.")
 
 
 @dataclass(frozen=True)
@@ -347,6 +356,8 @@ def validate(cfg: Config) -> None:
         (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
          "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
         (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),
+        (cfg.train.max_bad_steps >= 0, "train.max_bad_steps must be >= 0 (0 = never stop)"),
+        (cfg.train.resume.strip() != "", "train.resume must be never | auto | a checkpoint directory"),
         (len(cfg.reward.functions) + len(cfg.reward.process_functions) >= 1,
          "reward.functions (or reward.process_functions) must name at least one reward function"),
         (not cfg.reward.process_functions or cfg.reward.step_delimiter != "",

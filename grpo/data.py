@@ -41,6 +41,7 @@ class PromptSet:
     conversational: bool         # prompts are message lists
     num_dropped: int = 0         # prompts longer than data.max_prompt_length that were dropped
     num_truncated: int = 0       # ... or left-truncated
+    num_skipped: int = 0         # malformed rows left out (data.skip_bad_rows)
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -128,9 +129,13 @@ def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None) -> PromptSet:
     ``data.max_prompt_length`` policy is applied. Without one the rows stay raw, which is only
     allowed for string prompts with neither a system prompt nor a length limit.
     """
+    skipped: list[str] = []
     if cfg.dataset:
         rec, conversational = read_dataset(cfg)
-        rows, where, source = rec.rows, rec.where, rec.source
+        rows, where, source, skipped = rec.rows, rec.where, rec.source, rec.skipped
+        if skipped:
+            log.warning("warning: data.skip_bad_rows: skipped %d of %d rows of %s (first: %s)", len(skipped),
+                        len(skipped) + len(rows), source, skipped[0])
     else:
         rows, source, conversational = _embedded_rows(cfg, seed), f"task '{cfg.task}'", False
         where = [f"{source} row {i}" for i in range(len(rows))]
@@ -138,14 +143,14 @@ def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None) -> PromptSet:
         if conversational or cfg.system_prompt or cfg.max_prompt_length:
             raise DataError(f"{source}: chat prompts, data.system_prompt and data.max_prompt_length need the "
                             f"tokenizer (pass tokenizer= to load_prompts)")
-        return PromptSet(rows, source, conversational)
+        return PromptSet(rows, source, conversational, num_skipped=len(skipped))
     if conversational and not has_chat_template(tokenizer):
         raise DataError(f"{source}: prompts are chat messages but the tokenizer has no chat template; "
                         f"set tokenizer.chat_template or use string prompts")
     ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.system_prompt, conversational)
     kept, ids, dropped, truncated = apply_length_policy(ids, cfg.max_prompt_length, cfg.long_prompts, source, where)
     rows = [dict(rows[i], **{IDS_KEY: x}) for i, x in zip(kept, ids)]
-    return PromptSet(rows, source, conversational, dropped, truncated)
+    return PromptSet(rows, source, conversational, dropped, truncated, len(skipped))
 
 
 def load_prompt_rows(cfg: DataConfig, seed: int = 0, tokenizer=None) -> list[dict[str, Any]]:
@@ -154,7 +159,11 @@ def load_prompt_rows(cfg: DataConfig, seed: int = 0, tokenizer=None) -> list[dic
 
 
 class PromptStream:
-    """An endless, seeded sequence of prompt rows: a fresh permutation every epoch."""
+    """An endless, seeded sequence of prompt rows: a fresh permutation every epoch.
+
+    Its position (generator state, the rest of the current epoch's order, the epoch) is
+    :meth:`state_dict`; a checkpoint stores it so a resumed run draws the same prompts.
+    """
 
     def __init__(self, rows: list[dict[str, Any]], seed: int, shuffle: bool = True):
         self.rows, self.shuffle = rows, shuffle
@@ -168,9 +177,23 @@ class PromptStream:
             if not self.order:
                 self.epoch += 1
                 perm = torch.randperm(len(self.rows), generator=self.generator) if self.shuffle else torch.arange(len(self.rows))
-                self.order = perm.tolist()
-            out.append(self.rows[self.order.pop(0)])
+                self.order = perm.tolist()[::-1]       # reversed: the next row is popped from the end
+            out.append(self.rows[self.order.pop()])
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position in the data order (tensors and ints: loads with torch.load(weights_only=True))."""
+        return {"generator": self.generator.get_state(), "order": torch.tensor(self.order[::-1], dtype=torch.long),
+                "epoch": self.epoch, "num_rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`; DataError when the dataset has changed size since."""
+        if int(state["num_rows"]) != len(self.rows):
+            raise DataError(f"the prompt set has {len(self.rows)} rows but the checkpoint was written with "
+                            f"{int(state['num_rows'])}: the dataset (or its filters) changed")
+        self.generator.set_state(state["generator"])
+        self.order = state["order"].tolist()[::-1]
+        self.epoch = int(state["epoch"])
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

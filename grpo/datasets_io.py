@@ -7,15 +7,20 @@ formats are named ``file: row I`` in errors (I = 0-based dataset index).
 
 A prompt is either a non-empty string (standard format) or a non-empty list of
 ``{"role", "content"}`` messages (conversational format); one dataset uses one format.
+
+A malformed row (invalid JSON line, not an object, missing / empty / ill-typed prompt, the other
+prompt format) is an error naming it, or with ``data.skip_bad_rows`` is left out and counted
+(``Records.skipped`` keeps each one's message).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from grpo.config import DataConfig
 
@@ -36,6 +41,7 @@ class Records:
     where: list[str]          # per row: "file:LINE" (JSONL) or "file: row I"
     source: str               # the dataset's name in messages (path, plus [split] for a DatasetDict)
     columns: list[str]        # column names, in first-seen order
+    skipped: list[str] = field(default_factory=list)   # messages of rows left out (data.skip_bad_rows)
 
 
 def _columns_of(rows: list[dict[str, Any]]) -> list[str]:
@@ -43,25 +49,41 @@ def _columns_of(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(k for r in rows for k in r))
 
 
-def scan_jsonl(path: str | Path) -> Records:
-    """Rows of a JSONL file; each non-blank line must be a JSON object (errors name file:LINE)."""
+def _row_error(message: str, skipped: list[str] | None) -> None:
+    """Raise DataError(message), or with skipping on (`skipped` is a list) record it and go on."""
+    if skipped is None:
+        raise DataError(message)
+    skipped.append(message)
+
+
+def scan_jsonl(path: str | Path, skip_bad: bool = False) -> Records:
+    """Rows of a JSONL file; each non-blank line must be a JSON object (errors name file:LINE).
+
+    With `skip_bad` such lines are left out and listed in ``Records.skipped`` instead.
+    """
     p = Path(path)
     if not p.is_file():
         raise DataError(f"dataset file not found: {p}")
-    rows, where = [], []
-    with p.open() as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{p}:{lineno}: expected a JSON object per line")
-            rows.append(row)
-            where.append(f"{p}:{lineno}")
-    return Records(rows, where, str(p), _columns_of(rows))
+    rows, where, skipped = [], [], ([] if skip_bad else None)
+    try:
+        with p.open(encoding="utf-8") as fh:
+            lines = list(fh)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            _row_error(f"{p}:{lineno}: invalid JSON ({e.msg})", skipped)
+            continue
+        if not isinstance(row, dict):
+            _row_error(f"{p}:{lineno}: expected a JSON object per line, got {type(row).__name__}", skipped)
+            continue
+        rows.append(row)
+        where.append(f"{p}:{lineno}")
+    return Records(rows, where, str(p), _columns_of(rows), skipped or [])
 
 
 def read_jsonl(path: str | Path, prompt_column: str = "prompt") -> list[dict[str, Any]]:
@@ -90,6 +112,20 @@ def _csv_features(p: Path):
     return Features({name: Value("string") for name in header})
 
 
+@contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No `datasets` progress bars while a local file is read (they would bury error lines)."""
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
 def _load_file(p: Path) -> Records:
     """A JSON, CSV or Parquet file through ``datasets.load_dataset``."""
     from datasets import load_dataset
@@ -99,7 +135,8 @@ def _load_file(p: Path) -> Records:
         raise DataError(f"{p}: unsupported dataset format '{p.suffix}'; use {SUPPORTED}")
     kwargs = {"features": _csv_features(p)} if builder == "csv" else {}
     try:
-        ds = load_dataset(builder, data_files=str(p), split="train", **kwargs)
+        with _quiet_datasets():
+            ds = load_dataset(builder, data_files=str(p), split="train", **kwargs)
     except Exception as e:  # the datasets/pyarrow error: keep its first line, name the file
         raise DataError(f"{p}: cannot read as {builder}: {_first_line(e)}") from e
     rows = ds.to_list()
@@ -124,7 +161,7 @@ def _load_dir(p: Path, split: str) -> Records:
     return Records(rows, [f"{source}: row {i}" for i in range(len(rows))], source, list(ds.column_names))
 
 
-def load_records(path: str | Path, split: str = "train") -> Records:
+def load_records(path: str | Path, split: str = "train", skip_bad: bool = False) -> Records:
     """The raw rows of a dataset file or save_to_disk directory (see the module docstring)."""
     p = Path(path).expanduser()
     if p.is_dir():
@@ -132,11 +169,12 @@ def load_records(path: str | Path, split: str = "train") -> Records:
     elif not p.is_file():
         raise DataError(f"dataset file not found: {p}")
     elif p.suffix.lower() == ".jsonl":
-        rec = scan_jsonl(p)
+        rec = scan_jsonl(p, skip_bad)
     else:
         rec = _load_file(p)
     if not rec.rows:
-        raise DataError(f"{rec.source}: no rows")
+        first = f" ({len(rec.skipped)} bad, first: {rec.skipped[0]})" if rec.skipped else ""
+        raise DataError(f"{rec.source}: no rows{first}")
     return rec
 
 
@@ -158,7 +196,7 @@ def rename_columns(rec: Records, mapping: dict[str, str]) -> None:
 
 def check_prompt(value: Any, where: str, column: str = "prompt") -> bool:
     """Validate one prompt; True for a message list (conversational), False for a string."""
-    if isinstance(value, str) and value:
+    if isinstance(value, str) and value.strip():
         return False
     if isinstance(value, list) and value:
         for j, m in enumerate(value):
@@ -176,7 +214,7 @@ def read_dataset(cfg: DataConfig) -> tuple[Records, bool]:
     Returns the records (each row has a ``prompt``) and whether the prompts are conversational.
     ``data.prompt_column`` copies that column to ``prompt`` (the original column is kept too).
     """
-    rec = load_records(cfg.dataset, cfg.split)
+    rec = load_records(cfg.dataset, cfg.split, cfg.skip_bad_rows)
     rename_columns(rec, dict(cfg.column_map))
     col = cfg.prompt_column
     if col not in rec.columns:
@@ -185,10 +223,39 @@ def read_dataset(cfg: DataConfig) -> tuple[Records, bool]:
         raise DataError(f"{rec.source}: no column '{col}' ({hint}); columns: {', '.join(rec.columns)}")
     if col != "prompt":
         rec.rows = [dict(row, prompt=row.get(col)) for row in rec.rows]
-    kinds = [check_prompt(row.get("prompt"), where, col) for row, where in zip(rec.rows, rec.where)]
-    if any(k != kinds[0] for k in kinds):
-        i = kinds.index(not kinds[0])
-        name = {True: "a list of messages", False: "a string"}
-        raise DataError(f"{rec.where[i]}: prompt is {name[kinds[i]]} but earlier prompts are {name[kinds[0]]}; "
-                        f"use one prompt format per dataset")
-    return rec, kinds[0]
+    return rec, check_rows(rec, col, cfg.skip_bad_rows)
+
+
+def _prompt_kind(row: dict[str, Any], where: str, column: str, skipped: list[str] | None) -> bool | None:
+    """check_prompt of one row; None when it is bad and skipping is on (the message is recorded)."""
+    try:
+        return check_prompt(row.get("prompt"), where, column)
+    except DataError as e:
+        _row_error(str(e), skipped)
+        return None
+
+
+def check_rows(rec: Records, column: str, skip_bad: bool = False) -> bool:
+    """Check every row's prompt (one format per dataset); True when they are chat messages.
+
+    With `skip_bad` bad rows (and rows in the other format than the first good one) are removed
+    from `rec` and their messages appended to ``rec.skipped``; no good row at all is an error.
+    """
+    skipped = rec.skipped if skip_bad else None
+    name = {True: "a list of messages", False: "a string"}
+    keep, first = [], None
+    for i, (row, where) in enumerate(zip(rec.rows, rec.where)):
+        kind = _prompt_kind(row, where, column, skipped)
+        if kind is None:
+            continue
+        if first is None:
+            first = kind
+        elif kind != first:
+            _row_error(f"{where}: prompt is {name[kind]} but earlier prompts are {name[first]}; "
+                       f"use one prompt format per dataset", skipped)
+            continue
+        keep.append(i)
+    if first is None:
+        raise DataError(f"{rec.source}: no valid rows ({len(rec.skipped)} bad, first: {rec.skipped[0]})")
+    rec.rows, rec.where = [rec.rows[i] for i in keep], [rec.where[i] for i in keep]
+    return first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +42,51 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def step_metrics(step: int, exp, u: dict[str, float], times: dict[str, float], prompt_set) -> dict[str, Any]:
+    """One metrics.jsonl record: the experience `exp`, the mean update stats `u`, timings, data counts."""
+    gen = exp.groups.gen
+    return {
+        "step": step, **reward_metrics(exp.scored), **completion_metrics(gen.completion_mask, gen.truncated),
+        **exp.metrics, "advantages/zero_std_frac": exp.advantages.zero_std_groups / exp.advantages.num_groups,
+        "loss/total": u["loss"], "loss/policy": u["policy_loss"], "loss/kl": u["kl_loss"],
+        "kl/mean": u["kl"], "policy/clip_frac": u["clip_fraction"], "policy/entropy": u["entropy"],
+        "optim/grad_norm": u["grad_norm"], "optim/lr": u["lr"], "optim/skipped_steps": u["skipped"],
+        "time/step_s": times["step_s"], "time/rollout_s": exp.groups.sample_s, "time/experience_s": times["experience_s"],
+        "time/update_s": times["update_s"],
+        "rollout/tokens_per_s": float(gen.completion_mask.sum()) / max(exp.groups.sample_s, 1e-9),
+        "data/dropped_prompts": prompt_set.num_dropped, "data/truncated_prompts": prompt_set.num_truncated,
+        "data/skipped_rows": prompt_set.num_skipped,
+    }
+
+
 class MetricsLogger:
-    """Appends one JSON object per step to a file and drives an optional tqdm progress bar."""
+    """Appends one JSON object per step to a file and drives an optional tqdm progress bar.
+
+    `initial` is the number of steps already done (a resumed run; see truncate_metrics).
+    """
 
     HEADLINE = (("reward/total/mean", "reward"), ("reward/accuracy/mean", "acc"),
                 ("completion/length_mean", "len"), ("kl/mean", "kl"))
 
-    def __init__(self, path: Path, total_steps: int, progress_bar: bool = True):
+    def __init__(self, path: Path, total_steps: int, progress_bar: bool = True, initial: int = 0):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = path.open("a")
         self.bar = None
         if progress_bar:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, desc="grpo", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total_steps, initial=initial, desc="grpo", unit="step", dynamic_ncols=True)
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def sync(self) -> None:
+        """Flush the records to the disk (before a checkpoint, so none it covers can be lost)."""
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.fh.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
@@ -66,6 +98,8 @@ class MetricsLogger:
             self.bar.update(1)
 
     def close(self) -> None:
+        if self.fh.closed:
+            return
         self.fh.close()
         if self.bar is not None:
             self.bar.close()
@@ -74,3 +108,28 @@ class MetricsLogger:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All step records of a metrics.jsonl file."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: str | Path, step: int) -> int:
+    """Keep the records of steps <= `step` (a torn last line goes too); returns how many lines were dropped.
+
+    A run resumed at step S calls it with S, so the finished file equals an uninterrupted run's.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            ok = int(json.loads(line)["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if ok:
+            keep.append(line)
+        elif line.strip():
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in keep))
+        os.replace(tmp, path)
+    return dropped

@@ -1,7 +1,12 @@
 """The GRPO loop: read it top to bottom. No math here; every stage is a function of its own.
 
-    experience (sample, score, filter, advantages) -> update (mu times) -> reference refresh
-    -> metrics -> checkpoint
+    [resume: restore every state from a checkpoint] -> experience (sample, score, filter,
+    advantages) -> update (mu times) -> reference refresh -> metrics -> checkpoint
+
+Reliability (docs/reliability.md): `train.resume` continues from the newest valid checkpoint
+(grpo/resume.py); a first SIGINT/SIGTERM finishes the step, saves and returns (grpo/signals.py);
+steps with a non-finite loss are skipped and `train.max_bad_steps` in a row stop the run without
+saving that state (grpo/guards.py). `fault_point` calls are a test hook (GRPO_TEST_KILL_AT).
 """
 
 from __future__ import annotations
@@ -15,15 +20,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
-from grpo.checkpoint import rng_state, save_checkpoint
-from grpo.config import Config, to_dict
+from grpo.config import Config, TrainConfig
 from grpo.data import PromptStream, load_prompts
 from grpo.experience import make_experience
-from grpo.metrics import MetricsLogger, completion_metrics, reward_metrics
+from grpo.guards import BadSteps, deterministic_mode, prepare_output_dir
+from grpo.metrics import MetricsLogger, step_metrics
 from grpo.reference import build_reference
+from grpo.resume import TrainState, begin_run, check_resumable, find_checkpoint, restore, save_state
 from grpo.rewards import load_reward
+from grpo.signals import GracefulStop, fault_point
+from grpo.types import TrainBatch
 from grpo.update import UpdateStats, build_optimizer, policy_update
 
 
@@ -31,13 +38,16 @@ from grpo.update import UpdateStats, build_optimizer, policy_update
 class TrainResult:
     model: torch.nn.Module
     tokenizer: Any
-    steps: int
+    steps: int                        # the last step done (max_steps unless stopped by a signal)
     output_dir: Path
-    checkpoint: Path | None
+    checkpoint: Path | None           # the newest checkpoint of the run (what --resume continues)
     wall_s: float
+    stopped_by: str | None = None     # "SIGINT" / "SIGTERM" when a signal ended the run early
+    signum: int = 0
 
 
 def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (a resumed run then restores their saved states)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -48,8 +58,13 @@ def load_model(cfg: Config):
     from grpo.lora import apply_lora
     from grpo.models import EMBEDDED_MODEL_DIR, load_policy
 
-    model, tokenizer = load_policy(cfg.model.path or str(EMBEDDED_MODEL_DIR), dtype=cfg.model.dtype,
-                                   trust_remote_code=cfg.model.trust_remote_code)
+    path = cfg.model.path or str(EMBEDDED_MODEL_DIR)
+    try:
+        model, tokenizer = load_policy(path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    except (ValueError, OSError):
+        raise
+    except Exception as e:  # e.g. safetensors' error for a torn weights file: one line naming the directory
+        raise ValueError(f"cannot load a causal LM from {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     return (apply_lora(model, cfg.lora) if cfg.lora.enabled else model), tokenizer
 
 
@@ -59,57 +74,80 @@ def mean_stats(stats: list[UpdateStats]) -> dict[str, float]:
     return {f: float(np.mean([float(getattr(s, f)) for s in stats])) for f in fields}
 
 
-def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None) -> TrainResult:
-    """Run `cfg.train.max_steps` GRPO steps; write metrics.jsonl, config.yaml and checkpoints."""
-    start = time.perf_counter()
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
-    seed_everything(cfg.train.seed)
+def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int) -> UpdateStats:
+    """One optimizer update on the step's batch (the `update` test hook fires after it)."""
+    stats = policy_update(state.model, state.optimizer, state.scheduler, batch, cfg.algorithm,
+                          temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
+                          max_grad_norm=cfg.optim.max_grad_norm,
+                          norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens)
+    fault_point("update", step)
+    return stats
+
+
+def wants_checkpoint(tc: TrainConfig, step: int) -> bool:
+    """Every `save_steps` steps, and at the end with `save_final`."""
+    return bool(tc.save_steps and step % tc.save_steps == 0) or (tc.save_final and step == tc.max_steps)
+
+
+def setup(cfg: Config, model, tokenizer) -> tuple[TrainState, Any, list, list]:
+    """The training state at step 0, the prompt set and the reward functions (nothing written yet)."""
+    tc, algo = cfg.train, cfg.algorithm
     rewards = [load_reward(spec) for spec in cfg.reward.functions]  # cheap checks first: fail fast
     step_rewards = [load_reward(spec) for spec in cfg.reward.process_functions]
     if model is None:
         model, tokenizer = load_model(cfg)
-    prompt_set = load_prompts(cfg.data, cfg.train.seed, tokenizer)   # rendered and tokenized once
-    stream = PromptStream(prompt_set.rows, cfg.train.seed, cfg.data.shuffle)
+    prompt_set = load_prompts(cfg.data, tc.seed, tokenizer)   # rendered and tokenized once
     device = next(model.parameters()).device
-    reference = build_reference(model, cfg.algorithm.beta)     # None when beta = 0
-    optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.train.max_steps * cfg.algorithm.num_iterations)
-    rng = torch.Generator(device=device).manual_seed(cfg.train.seed)
-    out = Path(cfg.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    logger = MetricsLogger(out / cfg.log.metrics_file, cfg.train.max_steps, cfg.log.progress_bar)
-    ro, algo, tc = cfg.rollout, cfg.algorithm, cfg.train
-    checkpoint = None
+    reference = build_reference(model, algo.beta)             # None when beta = 0
+    optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * algo.num_iterations)
+    state = TrainState(model, tokenizer, optimizer, scheduler, reference,
+                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle),
+                       torch.Generator(device=device).manual_seed(tc.seed))
+    return state, prompt_set, rewards, step_rewards
 
-    for step in range(1, tc.max_steps + 1):
-        t0 = time.perf_counter()
-        exp = make_experience(model, tokenizer, stream, rewards, step_rewards, reference, cfg, rng, device)
-        t1 = time.perf_counter()
-        stats = [policy_update(model, optimizer, scheduler, exp.batch, algo, temperature=ro.temperature,
-                               micro_batch_size=tc.micro_batch_size, max_grad_norm=cfg.optim.max_grad_norm,
-                               norm_length=algo.loss_norm_length or ro.max_new_tokens)
-                 for _ in range(algo.num_iterations)]
-        t_update, t_step = time.perf_counter() - t1, time.perf_counter() - t0
-        if reference is not None and algo.ref_update_steps and step % algo.ref_update_steps == 0:
-            reference.refresh(model, algo.ref_mix_alpha)       # iterative GRPO: the reference follows
-        u, gen = mean_stats(stats), exp.groups.gen
-        logger.log({
-            "step": step, **reward_metrics(exp.scored), **completion_metrics(gen.completion_mask, gen.truncated),
-            **exp.metrics, "advantages/zero_std_frac": exp.advantages.zero_std_groups / exp.advantages.num_groups,
-            "loss/total": u["loss"], "loss/policy": u["policy_loss"], "loss/kl": u["kl_loss"],
-            "kl/mean": u["kl"], "policy/clip_frac": u["clip_fraction"], "policy/entropy": u["entropy"],
-            "optim/grad_norm": u["grad_norm"], "optim/lr": u["lr"], "optim/skipped_steps": u["skipped"],
-            "time/step_s": t_step, "time/rollout_s": exp.groups.sample_s, "time/experience_s": t1 - t0,
-            "time/update_s": t_update,
-            "rollout/tokens_per_s": float(gen.completion_mask.sum()) / max(exp.groups.sample_s, 1e-9),
-            "data/dropped_prompts": prompt_set.num_dropped, "data/truncated_prompts": prompt_set.num_truncated,
-        })
-        if (tc.save_steps and step % tc.save_steps == 0) or (tc.save_final and step == tc.max_steps):
-            checkpoint = save_checkpoint(out, step, model, tokenizer, optimizer=optimizer, scheduler=scheduler,
-                                         state={"max_steps": tc.max_steps, "epoch": stream.epoch},
-                                         rng=rng_state(rng), save_total_limit=tc.save_total_limit)
-    logger.close()
-    if tc.save_final and tc.max_steps == 0:
-        checkpoint = save_checkpoint(out, 0, model, tokenizer)
-    return TrainResult(model, tokenizer, tc.max_steps, out, checkpoint, time.perf_counter() - start)
+
+def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None) -> TrainResult:
+    """Run GRPO up to `cfg.train.max_steps` (from a checkpoint with `train.resume`); write metrics.jsonl,
+    config.yaml and checkpoints. A first SIGINT/SIGTERM stops after the current step with a checkpoint."""
+    start = time.perf_counter()
+    tc, algo = cfg.train, cfg.algorithm
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    with deterministic_mode(tc.deterministic):
+        seed_everything(tc.seed)
+        out = prepare_output_dir(tc.output_dir)                # fails before anything is written
+        state, prompt_set, rewards, step_rewards = setup(cfg, model, tokenizer)
+        model, tokenizer, device = state.model, state.tokenizer, next(state.model.parameters()).device
+        ckpt = find_checkpoint(cfg)                            # train.resume: never | auto | PATH
+        if ckpt is not None:
+            check_resumable(ckpt, cfg)
+            restore(state, ckpt, cfg)
+        first = begin_run(out, cfg, ckpt)                      # config.yaml; metrics.jsonl cut to the resumed step
+        checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
+        logger = MetricsLogger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done)
+        with logger, GracefulStop() as stop:
+            for step in range(first, tc.max_steps + 1):
+                t0 = time.perf_counter()
+                exp = make_experience(model, tokenizer, state.stream, rewards, step_rewards, state.reference, cfg,
+                                      state.rng, device)
+                fault_point("rollout", step)
+                t1 = time.perf_counter()
+                stats = [update(state, exp.batch, cfg, step) for _ in range(algo.num_iterations)]
+                times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
+                         "experience_s": t1 - t0}
+                if state.reference is not None and algo.ref_update_steps and step % algo.ref_update_steps == 0:
+                    state.reference.refresh(model, algo.ref_mix_alpha)   # iterative GRPO: the reference follows
+                logger.log(step_metrics(step, exp, mean_stats(stats), times, prompt_set))
+                fault_point("step", step)
+                done = step
+                if bad.record(step, any(s.skipped for s in stats)):
+                    bad.check(step, checkpoint)                # raises after max_bad_steps; never saves a bad state
+                elif wants_checkpoint(tc, step) or stop.requested:
+                    logger.sync()
+                    checkpoint = save_state(out, step, state, cfg)
+                if stop.requested:
+                    break
+        if tc.save_final and tc.max_steps == 0:
+            checkpoint = save_state(out, 0, state, cfg)
+    return TrainResult(model, tokenizer, done, out, checkpoint, time.perf_counter() - start, stop.signal_name,
+                       stop.signum)

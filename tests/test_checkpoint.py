@@ -1,8 +1,14 @@
+import errno
 import json
+import os
+import re
+from pathlib import Path
 
+import pytest
 import torch
 
-from grpo.checkpoint import list_checkpoints, rng_state, save_checkpoint
+from grpo.checkpoint import (CheckpointError, CheckpointWriteError, list_checkpoints, remove_stale_temporaries,
+                             restore_rng, rng_state, save_checkpoint, verify_checkpoint)
 from grpo.models import build_model, build_tokenizer, load_policy
 
 
@@ -41,3 +47,96 @@ def test_a_stale_temporary_is_replaced(tmp_path):
     (stale / "junk").write_text("half-written")
     path = save_checkpoint(tmp_path, 3, model, tok)
     assert not (path / "junk").exists() and not stale.exists()
+
+
+def _saved(tmp_path, step=2, **kw):
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    return save_checkpoint(tmp_path, step, model, tok, rng=rng_state(), **kw), model, tok
+
+
+def test_manifest_lists_every_file_with_its_sha256(tmp_path):
+    import hashlib
+
+    path, _, _ = _saved(tmp_path, state={"epoch": 1})
+    manifest = json.loads((path / "manifest.json").read_text())
+    files = {p.name for p in path.iterdir()} - {"manifest.json"}
+    assert manifest["step"] == 2 and set(manifest["files"]) == files
+    entry = manifest["files"]["trainer_state.json"]
+    data = (path / "trainer_state.json").read_bytes()
+    assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert verify_checkpoint(path) == manifest
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda p: (p / "manifest.json").unlink(), "checkpoint-2: no manifest.json (incomplete write)"),
+    (lambda p: (p / "model.safetensors").unlink(), "checkpoint-2: missing file model.safetensors"),
+    (lambda p: (p / "manifest.json").write_text("{not json"), "checkpoint-2: manifest.json is unreadable"),
+    (lambda p: (p / "rng_state.pt").write_bytes((p / "rng_state.pt").read_bytes()[:-10]),
+     "checkpoint-2: rng_state.pt has"),
+    (lambda p: (p / "config.json").write_text((p / "config.json").read_text().replace("32", "33", 1)),
+     "checkpoint-2: config.json does not match its sha256 in manifest.json"),
+])
+def test_verify_names_what_is_wrong(tmp_path, damage, reason):
+    path, _, _ = _saved(tmp_path)
+    damage(path)
+    with pytest.raises(CheckpointError, match=re.escape(reason)):
+        verify_checkpoint(path)
+
+
+def _fail_midway(real_save, errno_code=errno.ENOSPC):
+    """torch.save that writes half of the file, then fails like a full disk."""
+    def save(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        data = Path(f).read_bytes()
+        Path(f).write_bytes(data[: len(data) // 2])
+        raise OSError(errno_code, os.strerror(errno_code), str(f))
+    return save
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    good, model, tok = _saved(tmp_path, step=2)
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monkeypatch.setattr(torch, "save", _fail_midway(torch.save))
+    with pytest.raises(CheckpointWriteError) as info:
+        save_checkpoint(tmp_path, 4, model, tok, optimizer=opt, save_total_limit=1)
+    message = str(info.value)
+    assert "writing checkpoint" in message and "checkpoint-4 failed: No space left on device" in message
+    assert "optimizer.pt" in message and "earlier checkpoints are intact" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]     # no temporary, no checkpoint-4
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    verify_checkpoint(good)
+
+
+def test_replacing_a_checkpoint_and_pruning_leave_no_hidden_directories(tmp_path):
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    for step in (2, 4, 4, 6):
+        save_checkpoint(tmp_path, step, model, tok, save_total_limit=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4", "checkpoint-6"]
+    (tmp_path / ".checkpoint-8.tmp").mkdir()
+    (tmp_path / ".checkpoint-6.old").mkdir()
+    assert sorted(remove_stale_temporaries(tmp_path)) == [".checkpoint-6.old", ".checkpoint-8.tmp"]
+    assert list_checkpoints(tmp_path) == [tmp_path / "checkpoint-4", tmp_path / "checkpoint-6"]
+
+
+def test_pruning_ignores_checkpoints_newer_than_the_one_written(tmp_path):
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    for step in (2, 8):
+        save_checkpoint(tmp_path, step, model, tok)
+    save_checkpoint(tmp_path, 4, model, tok, save_total_limit=1)   # a resumed run re-writing step 4
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-8"]
+
+
+def test_rng_state_round_trip_restores_every_generator():
+    import random
+
+    import numpy as np
+
+    gen = torch.Generator().manual_seed(5)
+    state = rng_state(gen, {"order": [1]})
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)), float(torch.rand(1, generator=gen)))
+    restore_rng(state, gen)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1)), float(torch.rand(1, generator=gen))) == expected

@@ -166,3 +166,47 @@ def test_reward_errors_raise_names_the_function(tmp_path):
     flaky.write_text("def flaky(prompts, completions, **kw):\n    raise KeyError('answer')\n")
     with pytest.raises(ValueError, match="reward function 'flaky' raised KeyError"):
         run(tmp_path, flaky, **{"reward.functions": [f"{flaky}:flaky"]})
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run_keeping_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    import grpo.trainer as trainer_module
+    from grpo.checkpoint import list_checkpoints, verify_checkpoint
+    from grpo.cli import main
+    from tests.run_helpers import cli_argv, make_micro_dir, make_reward, records, tiny_config
+
+    calls = []
+    real_update = trainer_module.policy_update
+
+    def poisoned(model, opt, sched, batch, *a, **k):   # from step 3 on, NaN advantages -> NaN loss
+        calls.append(1)
+        if len(calls) >= 3:
+            batch = dataclasses.replace(batch, advantages=batch.advantages * float("nan"))
+        return real_update(model, opt, sched, batch, *a, **k)
+
+    monkeypatch.setattr(trainer_module, "policy_update", poisoned)
+    out = tmp_path / "run"
+    flat = tiny_config(make_micro_dir(tmp_path / "micro"), make_reward(tmp_path), out,
+                       **{"train.max_bad_steps": 3, "train.save_steps": 1})
+    assert main(cli_argv(flat)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: 3 consecutive steps (3-5) had a non-finite loss or gradient norm (train.max_bad_steps=3); "
+                   f"stopped without saving; last good checkpoint: {out / 'checkpoint-2'}")
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-1", "checkpoint-2"]   # none of a bad state
+    verify_checkpoint(out / "checkpoint-2")
+    assert [r["optim/skipped_steps"] for r in records(out)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert [r["loss/total"] for r in records(out)][2:] == [None, None, None]   # NaN is logged as null
+
+
+def test_deterministic_mode_reproduces_and_restores_the_global_setting(tmp_path):
+    from tests.run_helpers import final_weights, make_micro_dir, make_reward, records, run_in_process, tiny_config
+
+    micro, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
+    over = {"train.deterministic": True, "train.max_steps": 2}
+    a = run_in_process(tiny_config(micro, reward, tmp_path / "a", **over))
+    b = run_in_process(tiny_config(micro, reward, tmp_path / "b", **over))
+    assert not torch.are_deterministic_algorithms_enabled()
+    wa, wb = final_weights(a.checkpoint), final_weights(b.checkpoint)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert records(tmp_path / "a") == records(tmp_path / "b")

@@ -1,0 +1,95 @@
+"""Tiny training runs for the reliability tests (resume, signals, bad input): the micro model, a
+reward that varies within groups, in-process and subprocess runs, and bit-for-bit comparisons."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from grpo.config import build_config
+from grpo.trainer import TrainResult, train
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Metrics that measure wall-clock speed: the only values allowed to differ between equal runs.
+TIMING_PREFIXES = ("time/", "rollout/tokens_per_s")
+
+
+def make_micro_dir(directory: Path) -> Path:
+    """The micro model and its tokenizer saved as a Hugging Face directory."""
+    from grpo.models import build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    build_model(tok, "micro", seed=0).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def make_reward(directory: Path) -> str:
+    """A `file.py:function` reward that counts digits (varies within groups, so gradients are non-zero)."""
+    path = directory / "digits_reward.py"
+    path.write_text("def digits(prompts, completions, **kw):\n"
+                    "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    return f"{path}:digits"
+
+
+def tiny_config(model_dir: Path, reward: str, out: Path, **over) -> dict:
+    """Flat overrides of a run that takes well under a second per step on one CPU thread."""
+    return {"model.path": str(model_dir), "reward.functions": [reward], "train.output_dir": str(out),
+            "train.max_steps": 6, "train.save_steps": 2, "train.prompts_per_step": 2, "train.num_threads": 1,
+            "rollout.num_generations": 4, "rollout.max_new_tokens": 6, "optim.lr": 1e-2,
+            "data.num_train_prompts": 20, "log.progress_bar": False, **over}
+
+
+def run_in_process(flat: dict, **over) -> TrainResult:
+    return train(build_config(overrides={**flat, **over}))
+
+
+def run_subprocess(flat: dict, kill_at: str | None = None, resume: bool = False) -> subprocess.CompletedProcess:
+    """`python -m grpo train --config <flat as YAML>` with the GRPO_TEST_KILL_AT hook."""
+    out = Path(flat["train.output_dir"])
+    nested: dict = {}
+    for key, value in flat.items():
+        section, _, name = key.partition(".")
+        nested.setdefault(section, {})[name] = value
+    config = out.parent / f"{out.name}.yaml"
+    config.write_text(yaml.safe_dump(nested))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    env.pop("GRPO_TEST_KILL_AT", None)
+    if kill_at:
+        env["GRPO_TEST_KILL_AT"] = kill_at
+    argv = [sys.executable, "-m", "grpo", "train", "--config", str(config)] + (["--resume"] if resume else [])
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def final_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The trained tensors of a checkpoint (full model or LoRA adapter)."""
+    name = "adapter_model.safetensors" if (checkpoint / "adapter_model.safetensors").is_file() else "model.safetensors"
+    return load_file(str(checkpoint / name))
+
+
+def records(out: Path, metrics_file: str = "metrics.jsonl") -> list[dict]:
+    """metrics.jsonl without the wall-clock values."""
+    rows = [json.loads(line) for line in (out / metrics_file).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+
+
+def assert_same_run(a: Path, b: Path, step: int) -> None:
+    """Bit-identical final weights and equal metrics (timings aside) of two output directories."""
+    wa, wb = final_weights(a / f"checkpoint-{step}"), final_weights(b / f"checkpoint-{step}")
+    assert wa.keys() == wb.keys() and wa
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
+    ra, rb = records(a), records(b)
+    assert [r["step"] for r in rb] == list(range(1, step + 1))
+    assert ra == rb
+
+
+def cli_argv(flat: dict, *extra: str) -> list[str]:
+    """`grpo train` arguments setting every key of `flat` (values as YAML/JSON)."""
+    return ["train", *(f"--{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in flat.items()), *extra]
