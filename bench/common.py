@@ -91,3 +91,71 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
     return "" if v is None else str(v)
+
+
+def median(values: list[float]) -> float:
+    import statistics
+
+    return float(statistics.median(values))
+
+
+def matmul_peak_flops(threads: int, n: int = 2048, repeats: int = 7) -> float:
+    """This machine's float32 matrix-multiply rate (FLOP/s) at `threads` threads: median of `repeats`
+    products of two [n, n] matrices (2 n^3 FLOPs each), after one warm-up."""
+    import time
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - t0)
+    torch.set_num_threads(previous)
+    return 2 * n ** 3 / median(times)
+
+
+class PeakRSS:
+    """Peak resident memory (MiB) of this process between `reset()` and `peak()`, sampled every 2 ms
+    by a daemon thread (torch kernels release the GIL, so sampling goes on during them)."""
+
+    def __init__(self, interval_s: float = 0.002):
+        import threading
+
+        import psutil
+
+        self._proc, self._interval, self._max = psutil.Process(), interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._max = max(self._max, self._proc.memory_info().rss)
+            self._stop.wait(self._interval)
+
+    def current(self) -> float:
+        return self._proc.memory_info().rss / 2 ** 20
+
+    def reset(self) -> None:
+        self._max = self._proc.memory_info().rss
+
+    def peak(self) -> float:
+        self._max = max(self._max, self._proc.memory_info().rss)
+        return self._max / 2 ** 20
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def arithmetic_rows(n: int, tokenizer=None, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` prompt rows of the embedded arithmetic task (train split), tokenized when a tokenizer is
+    given, exactly as the trainer's data pipeline builds them."""
+    from grpo.config import build_config
+    from grpo.data import load_prompt_rows
+
+    cfg = build_config(overrides={"data.num_train_prompts": n})
+    return load_prompt_rows(cfg.data, seed, tokenizer)[:n]

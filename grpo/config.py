@@ -151,6 +151,10 @@ class TrainConfig:
     num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")
     output_dir: str = _f("runs/train", "Where metrics.jsonl and the final checkpoint are written.")
     save_final: bool = _f(True, "Save the trained policy to output_dir/checkpoint-<step> at the end.")
+    gradient_checkpointing: bool = _f(False, "Recompute transformer layer activations in the backward pass "
+                                      "(less memory, about 30% more update compute).")
+    logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto, about 32 MiB "
+                                 "of float32 logits per chunk); the full [N, T, vocab] logits never exist.")
     save_steps: int = _f(0, "Also save output_dir/checkpoint-<step> every N steps (0 = only the final one).")
     save_total_limit: int = _f(0, "Keep only the newest K checkpoints (0 = keep all).")
     resume: str = _f("never", "Continue an interrupted run: never (start at step 0) | auto (from the newest valid "
@@ -353,6 +357,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
         (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
         (cfg.train.save_steps >= 0, "train.save_steps must be >= 0"),
+        (cfg.train.logprob_chunk_size >= 0, "train.logprob_chunk_size must be >= 0 (0 = auto)"),
         (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
          "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
         (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),

@@ -79,7 +79,9 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int) -> Upda
     stats = policy_update(state.model, state.optimizer, state.scheduler, batch, cfg.algorithm,
                           temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
                           max_grad_norm=cfg.optim.max_grad_norm,
-                          norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens)
+                          norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
+                          logprob_chunk_size=cfg.train.logprob_chunk_size,
+                          gradient_checkpointing=cfg.train.gradient_checkpointing)
     fault_point("update", step)
     return stats
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.config import AlgorithmConfig, OptimConfig
-from grpo.logprobs import completion_logprobs
+from grpo.logprobs import completion_logprobs, length_order
 from grpo.loss import AGGREGATIONS, grpo_loss
 from grpo.types import TrainBatch
 
@@ -55,16 +55,56 @@ def micro_batches(n: int, size: int) -> list[slice]:
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
+def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
+    """Turn the transformer layers' activation checkpointing on or off (non-reentrant; LoRA too).
+
+    Only the layer inputs are stored in the forward pass; the backward pass recomputes each layer.
+    A no-op when the model has no Hugging Face checkpointing support or is already in that state.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(inner, "supports_gradient_checkpointing", False):
+        return
+    if hasattr(type(inner), "is_activation_checkpointing"):      # transformers >= 5.x names
+        active = inner.is_activation_checkpointing
+        enable = lambda: inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # noqa: E731
+        disable = inner.activation_checkpointing_disable
+    else:
+        active = inner.is_gradient_checkpointing
+        enable = lambda: inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # noqa: E731
+        disable = inner.gradient_checkpointing_disable
+    if enabled and not active:
+        enable()
+    elif not enabled and active:
+        disable()
+
+
+def bucketed_micro_batches(attention_mask: torch.Tensor, size: int) -> list:
+    """Micro-batches of rows of similar length (each trims its own padding); one slice when size = 0.
+
+    Shape: attention_mask [N, L] -> list of [n] long row indices (or a single slice)
+    """
+    n = attention_mask.shape[0]
+    if not size or size >= n:
+        return [slice(0, n)]
+    return list(length_order(attention_mask).split(size))
+
+
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: TrainBatch,
                   algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
-                  max_grad_norm: float, norm_length: int = 0) -> UpdateStats:
+                  max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
+                  gradient_checkpointing: bool | None = None) -> UpdateStats:
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
     `algorithm.loss_norm_length`, else `rollout.max_new_tokens`). The KL penalty enters the loss only
     when `algo.kl_in == "loss"` (with "reward" the trainer has put it in the rewards). Token filters
     (overlong, top-rho entropy) arrive multiplied into `batch.completion_mask`.
+    Micro-batches group rows of similar length (the loss is a sum of per-row shares, so the order
+    does not change it). `logprob_chunk_size`: tokens per LM-head chunk (0 = auto, see
+    grpo.logprobs); `gradient_checkpointing`: True/False switches layer checkpointing, None leaves it.
     """
+    if gradient_checkpointing is not None:
+        set_gradient_checkpointing(model, gradient_checkpointing)
     model.train()
     T = batch.completion_length
     beta = algo.beta if algo.kl_in == "loss" else 0.0
@@ -72,10 +112,11 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     normalizer = AGGREGATIONS[algo.loss_agg_mode].normalizer(batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
     loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = 0.0
-    for rows in micro_batches(batch.input_ids.shape[0], micro_batch_size):
+    for rows in bucketed_micro_batches(batch.attention_mask, micro_batch_size):
         mb = batch.rows(rows)
         logp, entropy = completion_logprobs(model, mb.input_ids, mb.attention_mask, T, temperature,
-                                            with_entropy=True, entropy_grad=algo.entropy_coef > 0)  # [n, T]
+                                            with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+                                            chunk_size=logprob_chunk_size)  # [n, T]
         old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
         terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
                           epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=beta,

@@ -261,3 +261,33 @@ def test_entropy_with_grad_keeps_no_vocabulary_sized_tensor_for_backward():
     assert sum(extra) <= tokens.numel()              # only the chosen token ids; log-softmax is recomputed
     (logp.sum() + ent.sum()).backward()
     assert logits.grad is not None
+
+
+@pytest.mark.parametrize("chunk,checkpointing", [(1, False), (3, True)])
+def test_chunk_size_and_gradient_checkpointing_leave_the_update_unchanged(chunk, checkpointing):
+    from grpo.update import set_gradient_checkpointing
+
+    batch = make_batch()
+    base = tiny_qwen2()
+    algo = AlgorithmConfig(beta=0.0, entropy_coef=0.01)
+    params = []
+    for kw in ({}, {"logprob_chunk_size": chunk, "gradient_checkpointing": checkpointing}):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        policy_update(model, opt, sched, batch, algo, temperature=0.7, micro_batch_size=4, max_grad_norm=1.0, **kw)
+        assert model.is_gradient_checkpointing == bool(kw.get("gradient_checkpointing"))
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert not torch.allclose(params[0], torch.cat([p.flatten() for p in base.parameters()]))
+    assert torch.allclose(params[0], params[1], atol=1e-6)
+    set_gradient_checkpointing(model, False)
+    assert not model.is_gradient_checkpointing
+
+
+def test_micro_batches_are_bucketed_by_length():
+    from grpo.update import bucketed_micro_batches
+
+    batch = make_batch()                       # completion lengths 5, 1, 3, 5, 2, 4; row 0 has 2 pad columns
+    buckets = [b.tolist() for b in bucketed_micro_batches(batch.attention_mask, 2)]
+    assert buckets == [[1, 4], [0, 2], [5, 3]]    # real tokens: 5, 6, 7, 7, 8, 9
+    assert bucketed_micro_batches(batch.attention_mask, 0) == [slice(0, 6)]
