@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import traceback
@@ -94,6 +95,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"grpo: stopped by {result.stopped_by} after step {result.steps} of {cfg.train.max_steps}; "
               f"checkpoint: {result.checkpoint or 'none'}\nresume with: {resume_command(args.argv)}", file=sys.stderr)
         return 128 + result.signum
+    if os.environ.get("RANK", "0") != "0":                     # torchrun: rank 0 reports for the run
+        return 0
     print(f"done: {result.steps} steps in {result.wall_s:.0f}s; metrics in {result.output_dir / cfg.log.metrics_file}"
           + (f"; policy saved to {result.checkpoint}" if result.checkpoint else ""))
     return 0

@@ -164,6 +164,9 @@ class TrainConfig:
                              "settings: same seed, config and thread count -> identical results.")
     max_bad_steps: int = _f(5, "Stop with an error after this many consecutive steps with a non-finite loss or "
                             "gradient norm (each is skipped); 0 = never stop.")
+    parallel: str = _f("ddp", "Data-parallel wrapper under torchrun (docs/distributed.md): ddp (every rank holds "
+                       "the model, gradients are all-reduced) | fsdp2 (torch fully_shard: parameters, gradients "
+                       "and optimizer state sharded during the update). Ignored in a single process.")
 
 
 @dataclass(frozen=True)
@@ -362,6 +365,7 @@ def validate(cfg: Config) -> None:
          "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
         (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),
         (cfg.train.max_bad_steps >= 0, "train.max_bad_steps must be >= 0 (0 = never stop)"),
+        (cfg.train.parallel in ("ddp", "fsdp2"), "train.parallel must be ddp | fsdp2"),
         (cfg.train.resume.strip() != "", "train.resume must be never | auto | a checkpoint directory"),
         (len(cfg.reward.functions) + len(cfg.reward.process_functions) >= 1,
          "reward.functions (or reward.process_functions) must name at least one reward function"),

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 #: Config keys that may change between a run and its resumption without a warning.
 NEUTRAL_KEYS = {"train.resume", "train.output_dir", "train.save_steps", "train.save_total_limit", "train.save_final",
-                "train.max_bad_steps", "log.progress_bar"}
+                "train.max_bad_steps", "log.progress_bar", "train.parallel"}
 
 
 @dataclass
@@ -70,13 +70,15 @@ def refreshed_reference(state: TrainState, cfg: Config) -> torch.nn.Module | Non
     return getattr(state.reference, "model", None) if cfg.algorithm.ref_update_steps else None
 
 
-def save_state(output_dir: Path, step: int, state: TrainState, cfg: Config) -> Path:
-    """checkpoint-<step> with everything :func:`restore` needs."""
+def save_state(output_dir: Path, step: int, state: TrainState, cfg: Config, extra_rng: dict | None = None,
+               extra_info: dict | None = None) -> Path:
+    """checkpoint-<step> with everything :func:`restore` needs (`extra_*`: torchrun runs, grpo.distributed)."""
     tc = cfg.train
     info = {"max_steps": tc.max_steps, "epoch": state.stream.epoch, "num_threads": torch.get_num_threads(),
-            "config": to_dict(cfg)}
+            "config": to_dict(cfg), **(extra_info or {})}
     return save_checkpoint(output_dir, step, state.model, state.tokenizer, optimizer=state.optimizer,
-                           scheduler=state.scheduler, state=info, rng=rng_state(state.rng, state.stream.state_dict()),
+                           scheduler=state.scheduler, state=info,
+                           rng={**rng_state(state.rng, state.stream.state_dict()), **(extra_rng or {})},
                            reference=refreshed_reference(state, cfg), save_total_limit=tc.save_total_limit)
 
 

@@ -74,14 +74,15 @@ def mean_stats(stats: list[UpdateStats]) -> dict[str, float]:
     return {f: float(np.mean([float(getattr(s, f)) for s in stats])) for f in fields}
 
 
-def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int) -> UpdateStats:
-    """One optimizer update on the step's batch (the `update` test hook fires after it)."""
-    stats = policy_update(state.model, state.optimizer, state.scheduler, batch, cfg.algorithm,
+def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, par=None) -> UpdateStats:
+    """One optimizer update on the step's batch (the `update` test hook fires after it).
+    `par`: the grpo.distributed.Parallel of a torchrun run (None in a single process)."""
+    stats = policy_update(state.model if par is None else par.policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
                           temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
                           max_grad_norm=cfg.optim.max_grad_norm,
                           norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
                           logprob_chunk_size=cfg.train.logprob_chunk_size,
-                          gradient_checkpointing=cfg.train.gradient_checkpointing)
+                          gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=par)
     fault_point("update", step)
     return stats
 
@@ -108,9 +109,48 @@ def setup(cfg: Config, model, tokenizer) -> tuple[TrainState, Any, list, list]:
     return state, prompt_set, rewards, step_rewards
 
 
+def save_distributed(out: Path, step: int, state: TrainState, cfg: Config, par) -> Path:
+    """Every rank joins the gathering of the full state; rank 0 writes the checkpoint (see grpo.distributed)."""
+    from grpo.distributed import all_gather_object, barrier
+
+    optimizer = par.checkpoint_optimizer(state)
+    samplers = all_gather_object(state.rng.get_state())
+    path = out / f"checkpoint-{step}"
+    if par.rank == 0:
+        path = save_state(out, step, dataclasses.replace(state, optimizer=optimizer), cfg,
+                          extra_rng={"samplers": samplers}, extra_info={"world_size": par.world_size})
+    barrier()
+    return path
+
+
+def restore_sampler(state: TrainState, ckpt, cfg: Config, par) -> None:
+    """Each rank's own sampling generator when the checkpoint has one for it (same world size), else
+    rank 0 keeps the saved one and rank r > 0 is seeded from (seed + r, step)."""
+    samplers = ckpt.rng.get("samplers")
+    if samplers and len(samplers) == par.world_size:
+        state.rng.set_state(samplers[par.rank])
+    elif par.rank > 0:
+        state.rng.manual_seed(cfg.train.seed + par.rank + 1_000_003 * ckpt.step)
+
+
 def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None) -> TrainResult:
     """Run GRPO up to `cfg.train.max_steps` (from a checkpoint with `train.resume`); write metrics.jsonl,
-    config.yaml and checkpoints. A first SIGINT/SIGTERM stops after the current step with a checkpoint."""
+    config.yaml and checkpoints. A first SIGINT/SIGTERM stops after the current step with a checkpoint.
+    Under torchrun (WORLD_SIZE > 1) the run is data-parallel: see grpo/distributed.py."""
+    from grpo import distributed
+
+    par = distributed.init(cfg)                                # None in a single process
+    if par is None:
+        return _train(cfg, model, tokenizer, None)
+    try:
+        return _train(cfg, model, tokenizer, par)
+    finally:
+        distributed.shutdown()
+
+
+def _train(cfg: Config, model, tokenizer, par) -> TrainResult:
+    from grpo import distributed
+
     start = time.perf_counter()
     tc, algo = cfg.train, cfg.algorithm
     if tc.num_threads:
@@ -120,36 +160,58 @@ def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = No
         out = prepare_output_dir(tc.output_dir)                # fails before anything is written
         state, prompt_set, rewards, step_rewards = setup(cfg, model, tokenizer)
         model, tokenizer, device = state.model, state.tokenizer, next(state.model.parameters()).device
+        run_cfg = cfg                                          # torchrun: this rank's share of the prompts
+        if par is not None:
+            state.stream = distributed.ShardedStream(state.stream, par.rank, par.world_size)
+            state.rng.manual_seed(tc.seed + par.rank)
+            run_cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+                tc, prompts_per_step=tc.prompts_per_step // par.world_size))
         ckpt = find_checkpoint(cfg)                            # train.resume: never | auto | PATH
         if ckpt is not None:
             check_resumable(ckpt, cfg)
             restore(state, ckpt, cfg)
-        first = begin_run(out, cfg, ckpt)                      # config.yaml; metrics.jsonl cut to the resumed step
+            if par is not None:
+                restore_sampler(state, ckpt, cfg, par)
+        if par is not None:
+            par.prepare(state, cfg)
+            distributed.barrier()
+        if par is None or par.rank == 0:
+            first = begin_run(out, cfg, ckpt)                  # config.yaml; metrics.jsonl cut to the resumed step
+        else:
+            first = (ckpt.step if ckpt else 0) + 1
+        distributed.barrier()
+        save = (lambda s: save_state(out, s, state, cfg)) if par is None else (
+            lambda s: save_distributed(out, s, state, cfg, par))
         checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
-        logger = MetricsLogger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done)
+        logger = (MetricsLogger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done)
+                  if par is None or par.rank == 0 else distributed.NullLogger())
         with logger, GracefulStop() as stop:
             for step in range(first, tc.max_steps + 1):
                 t0 = time.perf_counter()
-                exp = make_experience(model, tokenizer, state.stream, rewards, step_rewards, state.reference, cfg,
+                exp = make_experience(model, tokenizer, state.stream, rewards, step_rewards, state.reference, run_cfg,
                                       state.rng, device)
                 fault_point("rollout", step)
                 t1 = time.perf_counter()
-                stats = [update(state, exp.batch, cfg, step) for _ in range(algo.num_iterations)]
+                stats = [update(state, exp.batch, cfg, step, par) for _ in range(algo.num_iterations)]
+                if par is not None:
+                    par.after_update(state)                    # FSDP2: new full weights into the rollout model
                 times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
                          "experience_s": t1 - t0}
                 if state.reference is not None and algo.ref_update_steps and step % algo.ref_update_steps == 0:
                     state.reference.refresh(model, algo.ref_mix_alpha)   # iterative GRPO: the reference follows
-                logger.log(step_metrics(step, exp, mean_stats(stats), times, prompt_set))
+                view = exp if par is None else distributed.global_experience(exp)   # rewards of every rank
+                logger.log(step_metrics(step, view, mean_stats(stats), times, prompt_set))
                 fault_point("step", step)
                 done = step
+                stop_now = stop.requested if par is None else distributed.any_rank(stop.requested)
                 if bad.record(step, any(s.skipped for s in stats)):
                     bad.check(step, checkpoint)                # raises after max_bad_steps; never saves a bad state
-                elif wants_checkpoint(tc, step) or stop.requested:
+                elif wants_checkpoint(tc, step) or stop_now:
                     logger.sync()
-                    checkpoint = save_state(out, step, state, cfg)
-                if stop.requested:
+                    checkpoint = save(step)
+                if stop_now:
                     break
         if tc.save_final and tc.max_steps == 0:
-            checkpoint = save_state(out, 0, state, cfg)
+            checkpoint = save(0)
     return TrainResult(model, tokenizer, done, out, checkpoint, time.perf_counter() - start, stop.signal_name,
                        stop.signum)

@@ -6,6 +6,7 @@ This is the only module that calls ``backward()``. Micro-batch losses are shares
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -89,10 +90,36 @@ def bucketed_micro_batches(attention_mask: torch.Tensor, size: int) -> list:
     return list(length_order(attention_mask).split(size))
 
 
+class SingleProcess:
+    """The update's data-parallel hooks for one process: the model's own forward, the local loss
+    normaliser, no gradient averaging, nothing to reduce. grpo.distributed.Parallel is the torchrun one."""
+
+    world_size = 1
+
+    def __init__(self, model: torch.nn.Module):
+        self.policy = model
+
+    def forward(self, input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size):
+        return completion_logprobs(self.policy, input_ids, attention_mask, T, temperature, with_entropy=with_entropy,
+                                   entropy_grad=entropy_grad, chunk_size=chunk_size)
+
+    def no_sync(self, last: bool):
+        return contextlib.nullcontext()
+
+    def normalizer(self, agg, mask: torch.Tensor, L: int) -> float:
+        return agg.normalizer(mask, L)
+
+    def reduce(self, values: list[float]) -> list[float]:
+        return values
+
+    def clip_grad_norm(self, params, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: TrainBatch,
                   algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
                   max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
-                  gradient_checkpointing: bool | None = None) -> UpdateStats:
+                  gradient_checkpointing: bool | None = None, parallel=None) -> UpdateStats:
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
@@ -102,35 +129,42 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     Micro-batches group rows of similar length (the loss is a sum of per-row shares, so the order
     does not change it). `logprob_chunk_size`: tokens per LM-head chunk (0 = auto, see
     grpo.logprobs); `gradient_checkpointing`: True/False switches layer checkpointing, None leaves it.
+    `parallel` (a grpo.distributed.Parallel, torchrun only; None = :class:`SingleProcess`): `model` is
+    then its policy; the forward goes through DDP / FSDP2, the normaliser is global, the loss is scaled
+    by the world size (the wrappers average gradients over ranks) and the statistics are summed over ranks.
     """
+    par = parallel or SingleProcess(model)
     if gradient_checkpointing is not None:
         set_gradient_checkpointing(model, gradient_checkpointing)
     model.train()
     T = batch.completion_length
     beta = algo.beta if algo.kl_in == "loss" else 0.0
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
-    normalizer = AGGREGATIONS[algo.loss_agg_mode].normalizer(batch.completion_mask, norm_length)
+    normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
     loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = 0.0
-    for rows in bucketed_micro_batches(batch.attention_mask, micro_batch_size):
+    buckets = bucketed_micro_batches(batch.attention_mask, micro_batch_size)
+    for index, rows in enumerate(buckets):
         mb = batch.rows(rows)
-        logp, entropy = completion_logprobs(model, mb.input_ids, mb.attention_mask, T, temperature,
-                                            with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                                            chunk_size=logprob_chunk_size)  # [n, T]
-        old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
-        terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
-                          epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=beta,
-                          kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
-                          importance_sampling_level=algo.importance_sampling_level,
-                          clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef)
-        terms.loss.backward()
+        with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end
+            logp, entropy = par.forward(mb.input_ids, mb.attention_mask, T, temperature, True,
+                                        algo.entropy_coef > 0, logprob_chunk_size)  # [n, T]
+            old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
+            terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
+                              epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=beta,
+                              kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
+                              importance_sampling_level=algo.importance_sampling_level,
+                              clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef)
+            (terms.loss * par.world_size).backward()          # x1 in one process (exact); wrappers average
         loss += float(terms.loss.detach())
         policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
         clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
         ent_loss += terms.entropy_term
         ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
+    loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss = par.reduce(
+        [loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss])   # over ranks
     params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    grad_norm = par.clip_grad_norm(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)  # a non-finite step would poison the weights: drop it
