@@ -169,6 +169,16 @@ class Parallel:
     def reduce(self, values: list[float]) -> list[float]:
         return all_reduce_sum(values)
 
+    def match_micro_batches(self, buckets: list) -> list:
+        """The same number of micro-batches on every rank (FSDP2 reduce-scatters after each backward):
+        a rank with fewer re-splits its rows into the largest count (every rank has as many rows)."""
+        counts = all_gather_object(len(buckets))
+        K = max(counts)
+        if len(buckets) == K:
+            return buckets
+        rows = torch.cat([b if isinstance(b, torch.Tensor) else torch.arange(b.start, b.stop) for b in buckets])
+        return list(torch.tensor_split(rows, K))
+
     def no_sync(self, last: bool):
         """DDP: skip the gradient all-reduce on all but the last micro-batch (FSDP2 reduces every time)."""
         if self.kind == "ddp" and not last:

@@ -21,10 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import sys
+
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import PeftModel, get_peft_model
-from transformers.pytorch_utils import Conv1D
 
 from grpo.config import LoraConfig
 
@@ -32,12 +31,14 @@ from grpo.config import LoraConfig
 ALL_LINEAR = "all-linear"
 
 
-def peft_lora_config(cfg: LoraConfig, fan_in_fan_out: bool = False) -> PeftLoraConfig:
+def peft_lora_config(cfg: LoraConfig, fan_in_fan_out: bool = False):
     """The peft ``LoraConfig`` for a causal LM described by our ``lora`` config section.
 
     ``fan_in_fan_out`` is True for models whose linear layers store ``[in, out]`` weights
     (GPT-2's ``Conv1D``).
     """
+    from peft import LoraConfig as PeftLoraConfig   # peft (and accelerate) load only for LoRA runs: ~100 MiB
+
     targets = list(cfg.target_modules)
     return PeftLoraConfig(
         r=cfg.r,
@@ -57,6 +58,9 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, base_path: str | Path | 
     ``base_path`` (default: ``model.name_or_path``) is recorded as the adapter's base model.
     Raises ``ValueError`` (one line) when no module matches ``cfg.target_modules``.
     """
+    from peft import get_peft_model
+    from transformers.pytorch_utils import Conv1D
+
     if is_lora(model):
         raise ValueError("the model already has LoRA adapters")
     conv1d = any(isinstance(m, Conv1D) for m in model.modules())
@@ -70,8 +74,10 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, base_path: str | Path | 
 
 
 def is_lora(model: torch.nn.Module) -> bool:
-    """True for a peft model (the policy trains adapters, the reference is the adapter-free model)."""
-    return isinstance(model, PeftModel)
+    """True for a peft model (the policy trains adapters, the reference is the adapter-free model).
+    Without peft imported no model can be one, and the check does not import it."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def base_model_path(model: PeftModel) -> str | None:

@@ -25,13 +25,14 @@ from grpo.config import Config, TrainConfig
 from grpo.data import PromptStream, load_prompts
 from grpo.experience import make_experience
 from grpo.guards import BadSteps, deterministic_mode, prepare_output_dir
+from grpo.kernels import use_cpu_matmul
 from grpo.metrics import MetricsLogger, step_metrics
 from grpo.reference import build_reference
 from grpo.resume import TrainState, begin_run, check_resumable, find_checkpoint, restore, save_state
 from grpo.rewards import load_reward
 from grpo.signals import GracefulStop, fault_point
 from grpo.types import TrainBatch
-from grpo.update import UpdateStats, build_optimizer, policy_update
+from grpo.update import UpdateStats, auto_micro_batch_tokens, build_optimizer, policy_update
 
 
 @dataclass
@@ -82,9 +83,16 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, par=Non
                           max_grad_norm=cfg.optim.max_grad_norm,
                           norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
                           logprob_chunk_size=cfg.train.logprob_chunk_size,
-                          gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=par)
+                          gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=par,
+                          micro_batch_tokens=micro_batch_tokens(cfg, state.model))
     fault_point("update", step)
     return stats
+
+
+def micro_batch_tokens(cfg: Config, model: torch.nn.Module) -> int:
+    """`train.micro_batch_tokens`, with 0 resolved from the model's size (grpo.update)."""
+    tokens = cfg.train.micro_batch_tokens
+    return auto_micro_batch_tokens(model) if tokens == 0 else tokens
 
 
 def wants_checkpoint(tc: TrainConfig, step: int) -> bool:
@@ -99,6 +107,7 @@ def setup(cfg: Config, model, tokenizer) -> tuple[TrainState, Any, list, list]:
     step_rewards = [load_reward(spec) for spec in cfg.reward.process_functions]
     if model is None:
         model, tokenizer = load_model(cfg)
+    use_cpu_matmul(model, cfg.model.cpu_matmul)              # oneDNN float32 GEMMs where faster (CPU only)
     prompt_set = load_prompts(cfg.data, tc.seed, tokenizer)   # rendered and tokenized once
     device = next(model.parameters()).device
     reference = build_reference(model, algo.beta)             # None when beta = 0

@@ -79,15 +79,39 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
         disable()
 
 
-def bucketed_micro_batches(attention_mask: torch.Tensor, size: int) -> list:
-    """Micro-batches of rows of similar length (each trims its own padding); one slice when size = 0.
+def bucketed_micro_batches(attention_mask: torch.Tensor, size: int, max_tokens: int = 0) -> list:
+    """Micro-batches of rows of similar length, each trimming its own padding.
+
+    Rows are taken shortest first (:func:`length_order`); a micro-batch closes when it holds `size`
+    rows or when one more row would make rows x (its longest row's real tokens) exceed `max_tokens`
+    (every micro-batch holds at least one row). `size` = 0 and `max_tokens` <= 0: one slice.
 
     Shape: attention_mask [N, L] -> list of [n] long row indices (or a single slice)
     """
     n = attention_mask.shape[0]
-    if not size or size >= n:
+    size = size if 0 < size < n else n
+    if size == n and (max_tokens <= 0 or n * int(attention_mask.sum(dim=-1).max()) <= max_tokens):
         return [slice(0, n)]
-    return list(length_order(attention_mask).split(size))
+    order = length_order(attention_mask)                                     # [N] shortest first
+    lengths = attention_mask.sum(dim=-1)[order].tolist()                     # [N] real tokens, ascending
+    groups, start = [], 0
+    for i in range(1, n + 1):
+        full = i - start == size or (i < n and max_tokens > 0 and (i + 1 - start) * lengths[i] > max_tokens)
+        if i == n or full:
+            groups.append(order[start:i])
+            start = i
+    return groups
+
+
+def auto_micro_batch_tokens(model: torch.nn.Module, budget: int = 2 ** 19) -> int:
+    """`train.micro_batch_tokens = 0`: tokens per micro-batch so that tokens x hidden_size x layers is
+    about `budget`, at least 256; 4096 when the config does not say. A Qwen2-style layer keeps about
+    36 x hidden_size float32 values per token for its backward pass (measured), so 2**19 is ~70 MiB of
+    activations. E.g. 1024 tokens at hidden 128 x 4 layers (the embedded model), 256 at 768 x 12."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(inner, "config", None)
+    width = getattr(config, "hidden_size", 0) * getattr(config, "num_hidden_layers", 0)
+    return max(256, budget // width) if width else 4096
 
 
 class SingleProcess:
@@ -109,6 +133,9 @@ class SingleProcess:
     def normalizer(self, agg, mask: torch.Tensor, L: int) -> float:
         return agg.normalizer(mask, L)
 
+    def match_micro_batches(self, buckets: list) -> list:
+        return buckets
+
     def reduce(self, values: list[float]) -> list[float]:
         return values
 
@@ -119,15 +146,17 @@ class SingleProcess:
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: TrainBatch,
                   algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
                   max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
-                  gradient_checkpointing: bool | None = None, parallel=None) -> UpdateStats:
+                  gradient_checkpointing: bool | None = None, parallel=None,
+                  micro_batch_tokens: int = 0) -> UpdateStats:
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
     `algorithm.loss_norm_length`, else `rollout.max_new_tokens`). The KL penalty enters the loss only
     when `algo.kl_in == "loss"` (with "reward" the trainer has put it in the rewards). Token filters
     (overlong, top-rho entropy) arrive multiplied into `batch.completion_mask`.
-    Micro-batches group rows of similar length (the loss is a sum of per-row shares, so the order
-    does not change it). `logprob_chunk_size`: tokens per LM-head chunk (0 = auto, see
+    Micro-batches group rows of similar length, at most `micro_batch_size` rows (0 = no limit) and
+    `micro_batch_tokens` padded tokens (<= 0 = no limit) each (the loss is a sum of per-row shares,
+    so neither the grouping nor the order changes it). `logprob_chunk_size`: tokens per LM-head chunk (0 = auto, see
     grpo.logprobs); `gradient_checkpointing`: True/False switches layer checkpointing, None leaves it.
     `parallel` (a grpo.distributed.Parallel, torchrun only; None = :class:`SingleProcess`): `model` is
     then its policy; the forward goes through DDP / FSDP2, the normaliser is global, the loss is scaled
@@ -143,7 +172,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
     loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = 0.0
-    buckets = bucketed_micro_batches(batch.attention_mask, micro_batch_size)
+    buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
+                                                             micro_batch_tokens))   # FSDP2: same count on every rank
     for index, rows in enumerate(buckets):
         mb = batch.rows(rows)
         with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end

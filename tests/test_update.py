@@ -291,3 +291,38 @@ def test_micro_batches_are_bucketed_by_length():
     buckets = [b.tolist() for b in bucketed_micro_batches(batch.attention_mask, 2)]
     assert buckets == [[1, 4], [0, 2], [5, 3]]    # real tokens: 5, 6, 7, 7, 8, 9
     assert bucketed_micro_batches(batch.attention_mask, 0) == [slice(0, 6)]
+
+
+def test_token_budget_closes_micro_batches():
+    from grpo.update import bucketed_micro_batches
+
+    mask = make_batch().attention_mask         # real tokens per row: 7, 5, 7, 9, 6, 8 -> order 1, 4, 0, 2, 5, 3
+    groups = [b.tolist() for b in bucketed_micro_batches(mask, 0, max_tokens=20)]
+    # rows of 5, 6 tokens, then a third of 7: 3 x 7 = 21 > 20 closes; 7, 7 then 8: 3 x 8 = 24 closes; 8, 9: 18
+    assert groups == [[1, 4], [0, 2], [5, 3]]
+    assert [b.tolist() for b in bucketed_micro_batches(mask, 0, max_tokens=1)] == [[1], [4], [0], [2], [5], [3]]
+    assert bucketed_micro_batches(mask, 0, max_tokens=54) == [slice(0, 6)]   # 6 x 9 fits
+    assert [b.tolist() for b in bucketed_micro_batches(mask, 4, max_tokens=53)] == [[1, 4, 0, 2], [5, 3]]
+
+
+def test_token_budget_update_equals_full_batch():
+    batch = make_batch()
+    base = tiny_qwen2()
+    out = []
+    for tokens in (-1, 12):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        policy_update(model, opt, sched, batch, AlgorithmConfig(beta=0.0), temperature=1.0, micro_batch_size=0,
+                      max_grad_norm=1.0, micro_batch_tokens=tokens)
+        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert not torch.allclose(out[0], torch.cat([p.flatten() for p in base.parameters()]))
+    assert torch.allclose(out[0], out[1], atol=1e-6)
+
+
+def test_auto_micro_batch_tokens_scales_with_model_width():
+    from grpo.update import auto_micro_batch_tokens
+
+    assert auto_micro_batch_tokens(tiny_qwen2()) == max(256, 2 ** 19 // (tiny_qwen2().config.hidden_size *
+                                                                          tiny_qwen2().config.num_hidden_layers))
+    assert auto_micro_batch_tokens(torch.nn.Linear(2, 2)) == 4096           # no config: a fixed budget

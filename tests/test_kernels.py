@@ -1,0 +1,85 @@
+"""grpo/kernels.py: oneDNN float32 linears equal the float64 formula, in values and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo import kernels
+from grpo.kernels import DnnLinear, linear, should_switch, use_cpu_matmul
+
+pytestmark = pytest.mark.skipif(not kernels.onednn_works(), reason="this torch build has no oneDNN linear")
+
+
+def tensors(bias: bool = True):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 24, generator=g, requires_grad=True)             # [..., K]
+    w = torch.randn(16, 24, generator=g, requires_grad=True)                # [N, K]
+    b = torch.randn(16, generator=g, requires_grad=True) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_values_and_gradients_equal_float64(bias):
+    x, w, b = tensors(bias)
+    upstream = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(1))
+    y = linear(x, w, b)
+    (y * upstream).sum().backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_() if bias else None
+    y64 = x64 @ w64.T + (b64 if bias else 0)                                 # the formula, in float64
+    (y64 * upstream.double()).sum().backward()
+    assert y.shape == (3, 5, 16)
+    assert torch.allclose(y.double(), y64, atol=1e-5)
+    assert torch.allclose(x.grad.double(), x64.grad, atol=1e-5)              # dX = dY W
+    assert torch.allclose(w.grad.double(), w64.grad, atol=1e-4)              # dW = dY^T X
+    if bias:
+        assert torch.allclose(b.grad.double(), b64.grad, atol=1e-5)          # db = sum dY
+
+
+def test_frozen_weight_gets_no_gradient():
+    x, w, b = tensors()
+    w.requires_grad_(False)
+    linear(x, w, b).sum().backward()
+    assert w.grad is None and x.grad is not None and b.grad is not None
+
+
+def test_ineligible_inputs_take_f_linear_exactly():
+    x, w, b = (t.detach().double() for t in tensors())
+    assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+
+
+def test_switching_a_model_keeps_its_outputs_and_training_step():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    plain = Qwen2ForCausalLM(cfg)
+    fast = copy.deepcopy(plain)
+    n = use_cpu_matmul(fast, "onednn")
+    assert n == 2 * 7 + 1                                                    # q k v o gate up down per layer + head
+    assert all(type(m) is DnnLinear for m in fast.modules() if isinstance(m, torch.nn.Linear))
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    ids = torch.randint(0, 50, (2, 9))
+    for model in (plain, fast):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        model.logits = out.logits
+    assert torch.allclose(plain.logits, fast.logits, atol=1e-5)
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name                        # same SGD step
+    assert use_cpu_matmul(fast, "aten") == 0                                 # and back
+    assert not any(type(m) is DnnLinear for m in fast.modules())
+
+
+def test_modes():
+    assert should_switch("onednn") and not should_switch("aten")
+    assert isinstance(should_switch("auto"), bool)
+    with pytest.raises(ValueError, match="model.cpu_matmul"):
+        should_switch("mkl")
