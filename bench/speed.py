@@ -9,9 +9,11 @@ Two configurations, each in a fresh process (so peak memory is its own):
   G = 8, 2 prompts per step, 64-token completions, 2 threads.
 
 Every timing is the median of `--steps` runs after one warm-up; the two rollout samplers alternate.
-FLOP/s are model FLOPs (forward 2 * params * tokens on the real tokens of the trimmed batch, LM head
+Our side runs as `grpo train` does: linears through oneDNN where faster (model.cpu_matmul = auto), the
+update in token-budget micro-batches (train.micro_batch_tokens = 0); `generate` runs with stock PyTorch
+linears. FLOP/s are model FLOPs (forward 2 * params * tokens on the real tokens of each trimmed micro-batch, LM head
 only on completion tokens, attention included; backward = 2 x forward; recomputation not counted)
-as a fraction of a float32 [2048, 2048] matmul measured in the same process at the same thread count,
+as a fraction of a float32 [2048, 2048] matmul (the faster of MKL and oneDNN) measured in the same process at the same thread count,
 right before each step (the machine is shared; each step's FLOP/s is divided by its own peak).
 Also measures, in separate processes, the peak memory of one forward + backward of the 100M model
 through the chunked LM head vs the full-logits path. Writes bench/results/speed.json.
@@ -78,13 +80,16 @@ def rollout_pair(model, tok, batch, G: int, new_tokens: int, gen, fixed_length: 
     `fixed_length` removes EOS from ours and sets min_new_tokens for generate, so both produce
     exactly G * B * new_tokens tokens.
     """
+    from grpo.kernels import use_cpu_matmul
     from grpo.rollout import sample
 
     eos = -1 if fixed_length else tok.eos_token_id
+    use_cpu_matmul(model, "auto")                             # ours: the trainer's default
     out, s_ours = timed(lambda: sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=G,
                                        max_new_tokens=new_tokens, temperature=1.0, eos_token_id=eos,
                                        pad_token_id=tok.pad_token_id, generator=gen))
     ours_tokens = int(out.completion_mask.sum())
+    use_cpu_matmul(model, "aten")                             # generate: stock PyTorch linears
     with torch.no_grad():
         hf, s_hf = timed(lambda: model.generate(
             input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, do_sample=True, temperature=1.0,
@@ -94,6 +99,7 @@ def rollout_pair(model, tok, batch, G: int, new_tokens: int, gen, fixed_length: 
     from grpo.rollout import completion_mask_from_ids
 
     hf_tokens = int(completion_mask_from_ids(hf[:, batch.prompt_ids.shape[1]:], tok.eos_token_id).sum())
+    use_cpu_matmul(model, "auto")
     return (s_ours, ours_tokens), (s_hf, hf_tokens)
 
 
@@ -104,14 +110,17 @@ def run_config(name: str, steps: int) -> dict:
     from grpo.logprobs import completion_logprobs, fixed_logprobs
     from grpo.models import load_policy
     from grpo.types import TrainBatch
-    from grpo.update import build_optimizer, policy_update
+    from grpo.kernels import use_cpu_matmul
+    from grpo.update import auto_micro_batch_tokens, bucketed_micro_batches, build_optimizer, policy_update
 
     c = CONFIGS[name]
     torch.set_num_threads(c["threads"])
     rss = PeakRSS()
     model, tok = load_policy(str(model_dir(name)))
     model.generation_config.top_k = None
+    use_cpu_matmul(model, "auto")                             # as grpo train does (model.cpu_matmul)
     ref = copy.deepcopy(model).requires_grad_(False)
+    budget = auto_micro_batch_tokens(model)                   # train.micro_batch_tokens = 0
     rows = arithmetic_rows(c["prompts"] * (steps + 1), tok)
     gen = torch.Generator().manual_seed(0)
     opt, sched = build_optimizer(model, OptimConfig(lr=1e-6), 100)
@@ -139,11 +148,13 @@ def run_config(name: str, steps: int) -> dict:
         adv = torch.randn(ids.shape[0], generator=gen)
         train = TrainBatch(ids, mask, g.completion_mask.float(), adv, None, ref_lp)
         _, s_update = timed(lambda: policy_update(model, opt, sched, train, algo, temperature=1.0,
-                                                  micro_batch_size=0, max_grad_norm=1.0))
+                                                  micro_batch_size=0, max_grad_norm=1.0,
+                                                  micro_batch_tokens=budget))
 
-        def fwd_bwd():
-            logp, _ = completion_logprobs(model.train(), ids, mask, T, with_entropy=True)
-            (logp * g.completion_mask).sum().backward()
+        def fwd_bwd():                                        # the update's micro-batches, no optimizer
+            for rows in bucketed_micro_batches(mask, 0, budget):
+                logp, _ = completion_logprobs(model.train(), ids[rows], mask[rows], T, with_entropy=True)
+                (logp * g.completion_mask[rows]).sum().backward()
             model.zero_grad(set_to_none=True)
 
         _, s_fb = timed(fwd_bwd)
@@ -152,7 +163,8 @@ def run_config(name: str, steps: int) -> dict:
         rec["fwd_bwd"].append(s_fb)
         rec["step_peak"].append(rss.peak() - base)
         rec["peak"].append(peak)
-        rec["fwd_bwd_mfu"].append(forward_flops(model, mask, T, backward=True) / s_fb / peak)
+        fb_flops = sum(forward_flops(model, mask[rows], T, backward=True) for rows in bucketed_micro_batches(mask, 0, budget))
+        rec["fwd_bwd_mfu"].append(fb_flops / s_fb / peak)
         rec["ref_mfu"].append(forward_flops(model, mask, T, backward=False) / s_ref / peak)
     for k in rec:
         rec[k] = rec[k][1:]                                   # drop the warm-up

@@ -43,11 +43,11 @@ class _DnnLinearFn(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x2, weight = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.shape[-1]).contiguous()                   # [M, N]
-        gx = gw = gb = None
+        gx = gw = gb = None   # oneDNN reads transposes of contiguous tensors in place (others hit a slow path)
         if ctx.needs_input_grad[0]:
-            gx = _dnn(g2, weight.t().contiguous()).view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
+            gx = _dnn(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
         if ctx.needs_input_grad[1]:
-            gw = _dnn(g2.t().contiguous(), x2.t().contiguous())             # [N, K] = dY^T X
+            gw = _dnn(g2.t(), x2.t())                                        # [N, K] = dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(dim=0)                                               # [N]
         return gx, gw, gb
