@@ -150,6 +150,9 @@ class TrainConfig:
     prompts_per_step: int = _f(8, "B: prompts per step; a step trains on B * G completions.")
     micro_batch_size: int = _f(0, "Completions per forward/backward pass (gradient accumulation, exact); 0 = no "
                                "row limit (train.micro_batch_tokens still applies).")
+    mmap_threshold_mb: int = _f(1, "glibc: host allocations >= this many MiB come from mmap, so freed activations "
+                                "return to the OS at once instead of fragmenting the heap (lower peak RSS on CPU; "
+                                "grpo/kernels.py). 0 = leave the allocator alone.")
     micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
                                  "2**19 / (hidden_size x num_layers), at least 256 (~70 MiB of activations); "
@@ -365,6 +368,7 @@ def validate(cfg: Config) -> None:
         (cfg.optim.lr_scheduler in ("constant", "linear", "cosine"), "optim.lr_scheduler must be constant | linear | cosine"),
         (cfg.train.prompts_per_step >= 1, "train.prompts_per_step must be >= 1"),
         (cfg.train.micro_batch_size >= 0, "train.micro_batch_size must be >= 0"),
+        (cfg.train.mmap_threshold_mb >= 0, "train.mmap_threshold_mb must be >= 0"),
         (cfg.train.micro_batch_tokens >= -1, "train.micro_batch_tokens must be -1 (no limit), 0 (auto) or > 0"),
         (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
         (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),

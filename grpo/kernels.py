@@ -126,3 +126,24 @@ def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto") -> int:
             module.__class__ = target
             switched += target is DnnLinear
     return switched
+
+
+def set_mmap_threshold(megabytes: int) -> bool:
+    """glibc only: serve host allocations of >= `megabytes` MiB by mmap (`train.mmap_threshold_mb`).
+
+    glibc raises its mmap threshold to 32 MiB after the first large free, so later activation
+    tensors come from the heap and freed ones stay resident (fragmentation): the peak RSS of a 100M
+    GRPO step grew by 450 MiB over three steps. A fixed threshold returns each freed tensor to the OS
+    at once (measured: -200 MiB peak at 100M). 0, a non-glibc libc, or a user-set
+    MALLOC_MMAP_THRESHOLD_ leave the allocator alone. Returns True when the threshold was set.
+    """
+    import ctypes
+    import os
+
+    if megabytes <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, int(megabytes) << 20))               # M_MMAP_THRESHOLD = -3
+    except (OSError, AttributeError):
+        return False

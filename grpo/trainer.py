@@ -25,7 +25,7 @@ from grpo.config import Config, TrainConfig
 from grpo.data import PromptStream, load_prompts
 from grpo.experience import make_experience
 from grpo.guards import BadSteps, deterministic_mode, prepare_output_dir
-from grpo.kernels import use_cpu_matmul
+from grpo.kernels import set_mmap_threshold, use_cpu_matmul
 from grpo.metrics import MetricsLogger, step_metrics
 from grpo.reference import build_reference
 from grpo.resume import TrainState, begin_run, check_resumable, find_checkpoint, restore, save_state
@@ -162,6 +162,7 @@ def _train(cfg: Config, model, tokenizer, par) -> TrainResult:
 
     start = time.perf_counter()
     tc, algo = cfg.train, cfg.algorithm
+    set_mmap_threshold(tc.mmap_threshold_mb)                  # freed host tensors go back to the OS
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
     with deterministic_mode(tc.deterministic):

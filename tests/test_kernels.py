@@ -83,3 +83,15 @@ def test_modes():
     assert isinstance(should_switch("auto"), bool)
     with pytest.raises(ValueError, match="model.cpu_matmul"):
         should_switch("mkl")
+
+
+def test_mmap_threshold_is_left_alone_when_off_or_user_set(monkeypatch):
+    from grpo.kernels import set_mmap_threshold
+
+    assert set_mmap_threshold(0) is False
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert set_mmap_threshold(1) is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    import ctypes.util
+    if ctypes.util.find_library("c") and "libc.so.6" in (ctypes.util.find_library("c") or ""):
+        assert set_mmap_threshold(1) is True                                  # glibc accepts it
