@@ -66,7 +66,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if not _eligible(x, weight):
         return F.linear(x, weight, bias)
-    return _DnnLinearFn.apply(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return _DnnLinearFn.apply(x, weight, bias)
+    out = _dnn(x.reshape(-1, x.shape[-1]), weight, bias)                     # no graph: skip autograd.Function
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 class DnnLinear(torch.nn.Linear):

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import transformers
 
 from grpo.rollout import Generation, completion_mask_from_ids, filter_logits, sample
+from grpo.rollout.sampler import draw
 
 VOCAB = 64
 PAD = 0
@@ -50,7 +51,7 @@ def full_logits(model, ids, mask):
 @torch.no_grad()
 def reference_sample(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_k, top_p,
                      eos_token_id, pad_token_id, generator):
-    """No cache, no shared prefix: prompts repeated G times, full forward each step; one multinomial
+    """No cache, no shared prefix: prompts repeated G times, full forward each step; one draw
     per step over the still-running rows (in row order), as documented by the sampler."""
     ids = prompt_ids.repeat_interleave(num_generations, 0)
     mask = prompt_mask.repeat_interleave(num_generations, 0)
@@ -62,7 +63,7 @@ def reference_sample(model, prompt_ids, prompt_mask, *, num_generations, max_new
         logits = full_logits(model, ids, mask)[:, -1]
         probs = F.softmax(filter_logits(logits[running], temperature, top_k, top_p), -1)
         tok = torch.full((n,), pad_token_id)
-        tok[running] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tok[running] = draw(probs, generator)
         out[:, t] = tok
         steps = t + 1
         running = running & (tok != eos_token_id)
@@ -114,7 +115,8 @@ def test_left_padding_does_not_change_greedy_completion():
         assert torch.equal(alone.completion_ids[0], batched.completion_ids[i])
 
 
-def test_prompts_are_prefilled_once_not_per_generation():
+@pytest.mark.parametrize("lean", [True, False])
+def test_prompts_are_prefilled_once_not_per_generation(lean):
     model = make_model("qwen2")
     ids, mask = make_prompts()
     seen = []
@@ -122,10 +124,11 @@ def test_prompts_are_prefilled_once_not_per_generation():
                                            with_kwargs=True)
     try:
         sample(model, ids, mask, num_generations=4, max_new_tokens=3, eos_token_id=VOCAB + 1, pad_token_id=PAD,
-               generator=torch.Generator().manual_seed(0))
+               generator=torch.Generator().manual_seed(0), lean=lean)
     finally:
         hook.remove()
-    assert seen == [(3, 5), (12, 1), (12, 1)]
+    # the lean decoder (grpo/rollout/decoder.py) runs decode steps without the model's forward
+    assert seen == [(3, 5)] + ([] if lean else [(12, 1), (12, 1)])
 
 
 # 2. prefix-shared cached sampling == cache-free reference -----------------------------------------
@@ -294,3 +297,31 @@ def test_training_flag_restored(training):
     assert seen and not any(seen)  # sampled in eval mode
     assert model.training is training
     assert all(m.training is training for m in model.modules())
+
+
+# inverse-CDF draw --------------------------------------------------------------------------------
+
+def test_draw_follows_the_distribution_and_never_picks_zero_probability():
+    probs = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3], [2.0, 0.0, 0.0, 0.0, 2.0]])   # row 1 unnormalised
+    g = torch.Generator().manual_seed(0)
+    n = 40_000
+    counts = torch.zeros(2, 5)
+    for _ in range(n // 1000):
+        tok = torch.stack([draw(probs, g) for _ in range(1000)])            # [1000, 2]
+        for r in range(2):
+            counts[r] += torch.bincount(tok[:, r], minlength=5)
+    assert counts[0, 0] == counts[0, 2] == 0 and counts[1, 1:4].sum() == 0
+    expected = probs / probs.sum(-1, keepdim=True)
+    # binomial standard error at n = 40k is <= 0.0025: 4 sigma
+    assert torch.allclose(counts / n, expected, atol=0.01)
+
+
+def test_draw_uses_one_uniform_per_row():
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    probs = torch.rand(4, 7)
+    tok = draw(probs, g1)
+    u = torch.rand(4, 1, generator=g2, dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    expected = [(cdf[i] > u[i] * cdf[i, -1]).nonzero()[0].item() for i in range(4)]   # first v with C_v > u C_V
+    assert tok.tolist() == expected
+    assert torch.equal(g1.get_state(), g2.get_state())
