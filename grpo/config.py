@@ -34,8 +34,8 @@ class ModelConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     trust_remote_code: bool = _f(False, "Allow custom modelling code shipped with the model directory.")
     cpu_matmul: str = _f("auto", "float32 linear layers on CPU (grpo/kernels.py): onednn (oneDNN GEMMs, 2-3x "
-                         "faster than MKL on AMD CPUs) | aten (PyTorch's default) | auto (onednn when a short "
-                         "calibration on this machine finds it >= 1.25x faster). No effect on GPU or other dtypes.")
+                         "faster than MKL on AMD CPUs) | aten (PyTorch's default) | auto (onednn for models of hidden size "
+                         ">= 512 when a short calibration on this machine finds it >= 1.25x faster). No effect on GPU or other dtypes.")
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ oneDNN matmul that ships inside the same PyTorch uses AVX-512 there and, measure
 included) to :class:`DnnLinear`, whose forward is :func:`linear`: y = x W^T + b through oneDNN,
 with a backward that also runs through oneDNN (dX = dY W, dW = dY^T X, db = sum dY). Anything that
 is not a float32 CPU tensor (CUDA, bfloat16, float64, DTensor shards) takes ``F.linear`` unchanged,
-so a switched model stays device-agnostic. ``auto`` switches only when a short calibration on this
-machine shows oneDNN >= 1.25x faster than ``aten::mm``.
+so a switched model stays device-agnostic. ``auto`` switches only models at least
+:data:`AUTO_MIN_WIDTH` wide, and only when a short calibration on this machine shows oneDNN
+>= 1.25x faster than ``aten::mm``.
 """
 
 from __future__ import annotations
@@ -107,13 +108,20 @@ def onednn_speedup(threads: int) -> float:
     return best["aten"] / best["dnn"]
 
 
-def should_switch(mode: str) -> bool:
-    """Whether `model.cpu_matmul = mode` switches linears to oneDNN on this machine."""
+#: `auto` leaves models narrower than this on aten: on the 128-wide embedded model oneDNN gave no
+#: gain per training step (its kernels are generated per new shape, and every step brings new
+#: lengths) and its per-shape caches added ~65 MiB of resident memory per step.
+AUTO_MIN_WIDTH = 512
+
+
+def should_switch(mode: str, width: int = AUTO_MIN_WIDTH) -> bool:
+    """Whether `model.cpu_matmul = mode` switches the linears of a model of hidden size `width` to
+    oneDNN on this machine."""
     if mode not in MODES:
         raise ValueError(f"model.cpu_matmul must be one of {' | '.join(MODES)}, got {mode!r}")
     if mode == "aten" or not onednn_works():
         return False
-    return mode == "onednn" or onednn_speedup(torch.get_num_threads()) >= 1.25
+    return mode == "onednn" or (width >= AUTO_MIN_WIDTH and onednn_speedup(torch.get_num_threads()) >= 1.25)
 
 
 def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto") -> int:
@@ -122,7 +130,9 @@ def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto") -> int:
     Returns the number of linear layers that now run through oneDNN. Parameters are untouched; only
     the class of each module changes, so state dicts, peft wrappers and checkpoints are unaffected.
     """
-    target = DnnLinear if should_switch(mode) else torch.nn.Linear
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    width = getattr(getattr(inner, "config", None), "hidden_size", AUTO_MIN_WIDTH)
+    target = DnnLinear if should_switch(mode, width) else torch.nn.Linear
     switched = 0
     for module in model.modules():
         if type(module) in (torch.nn.Linear, DnnLinear):

@@ -81,6 +81,7 @@ def test_switching_a_model_keeps_its_outputs_and_training_step():
 def test_modes():
     assert should_switch("onednn") and not should_switch("aten")
     assert isinstance(should_switch("auto"), bool)
+    assert not should_switch("auto", width=128)                              # narrow models stay on aten
     with pytest.raises(ValueError, match="model.cpu_matmul"):
         should_switch("mkl")
 
