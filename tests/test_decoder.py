@@ -8,6 +8,7 @@ import transformers
 from grpo.rollout import sample
 from grpo.rollout.decoder import lean_decoder
 from grpo.rollout.sampler import positions_from_mask, prefill
+from tests.test_rollout import make_prompts  # three left-padded prompts, same VOCAB and PAD
 
 VOCAB = 64
 PAD = 0
@@ -47,13 +48,6 @@ def make_model(kind: str, seed: int = 0):
     with torch.no_grad():  # sharpen the random model a little so completions are not uniform noise
         model.get_output_embeddings().weight.mul_(4.0)
     return model.eval()
-
-
-def make_prompts():
-    """Three left-padded prompts of lengths 5, 2, 4."""
-    ids = torch.tensor([[11, 12, 13, 14, 15], [PAD, PAD, PAD, 21, 22], [PAD, 31, 32, 33, 34]])
-    mask = (torch.arange(5)[None, :] >= torch.tensor([0, 3, 1])[:, None]).long()
-    return ids, mask
 
 
 def last_logits(model, ids, mask):
