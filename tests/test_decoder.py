@@ -8,7 +8,7 @@ import transformers
 from grpo.rollout import sample
 from grpo.rollout.decoder import lean_decoder
 from grpo.rollout.sampler import positions_from_mask, prefill
-from tests.test_rollout import make_prompts  # three left-padded prompts, same VOCAB and PAD
+from tests.test_rollout import make_prompts, sampled_eos  # same VOCAB and PAD
 
 VOCAB = 64
 PAD = 0
@@ -88,8 +88,7 @@ def test_lean_sampling_equals_hf_path(kind, temperature, top_k, top_p):
     ids, mask = make_prompts()
     kw = dict(num_generations=4, max_new_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p,
               pad_token_id=PAD)
-    probe = sample(model, ids, mask, eos_token_id=VOCAB + 1, generator=torch.Generator().manual_seed(5), **kw)
-    kw["eos_token_id"] = int(probe.completion_ids[0, 2])  # row 0 (at least) stops early: rows are dropped
+    kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 5, **kw)  # row 0 (at least) stops early: rows are dropped
     lean = sample(model, ids, mask, generator=torch.Generator().manual_seed(5), **kw)
     hf = sample(model, ids, mask, generator=torch.Generator().manual_seed(5), lean=False, **kw)
     assert torch.equal(lean.completion_ids, hf.completion_ids)

@@ -84,6 +84,12 @@ def pick_eos(model, ids, mask, step=2):
     return row[pos], pos
 
 
+def sampled_eos(model, ids, mask, position: int, seed: int, **kw) -> int:
+    """The token row 0 draws at `position` with no EOS: as EOS under the same seed, row 0 stops there."""
+    probe = sample(model, ids, mask, eos_token_id=VOCAB + 1, generator=torch.Generator().manual_seed(seed), **kw)
+    return int(probe.completion_ids[0, position])
+
+
 # 1. greedy == HF generate ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama", "gpt2"])
@@ -139,8 +145,7 @@ def test_sampling_matches_cache_free_reference(temperature, top_k, top_p):
     ids, mask = make_prompts()
     kw = dict(num_generations=4, max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p,
               pad_token_id=PAD)
-    probe = sample(model, ids, mask, eos_token_id=VOCAB + 1, generator=torch.Generator().manual_seed(1234), **kw)
-    kw["eos_token_id"] = int(probe.completion_ids[0, 2])  # row 0 (at least) stops early
+    kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 1234, **kw)  # row 0 (at least) stops early
     gen = sample(model, ids, mask, generator=torch.Generator().manual_seed(1234), **kw)
     ref = reference_sample(model, ids, mask, generator=torch.Generator().manual_seed(1234), **kw)
     assert torch.equal(gen.completion_ids, ref)
@@ -157,9 +162,7 @@ def test_sampling_logprobs_match_full_forward(kind, temperature, top_k, top_p):
     ids, mask = make_prompts()
     kw = dict(num_generations=3, max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p,
               pad_token_id=PAD)
-    # EOS := the token row 0 draws at step 1 without EOS; the same seed then reproduces it and stops there
-    probe = sample(model, ids, mask, eos_token_id=VOCAB + 1, generator=torch.Generator().manual_seed(7), **kw)
-    eos = int(probe.completion_ids[0, 1])
+    eos = sampled_eos(model, ids, mask, 1, 7, **kw)
     gen = sample(model, ids, mask, eos_token_id=eos, generator=torch.Generator().manual_seed(7), **kw)
     P, T = gen.prompt_ids.size(1), gen.completion_ids.size(1)
     logits = full_logits(model, torch.cat([gen.prompt_ids, gen.completion_ids], 1),
