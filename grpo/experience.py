@@ -29,6 +29,7 @@ from grpo.rollout.batching import concat_generations, select_rows
 from grpo.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
                           soft_overlong_penalty, token_step_ids, top_entropy_mask)
 from grpo.types import Scored, TrainBatch
+from grpo.update import micro_batch_tokens
 
 
 @dataclass
@@ -189,9 +190,11 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     input_ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)                # [N, P + T]
     attention_mask = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)        # [N, P + T]
     T, mask = gen.completion_ids.shape[1], gen.completion_mask.float()                 # [N, T]
-    ref = reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb) if reference is not None else None
+    budget = micro_batch_tokens(cfg.train.micro_batch_tokens, model)  # the update's micro-batches
+    ref = (reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget)
+           if reference is not None else None)
     needs_old = algo.num_iterations > 1 or (algo.kl_in == "reward" and ref is not None)
-    old = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb) if needs_old else None
+    old = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget) if needs_old else None
     total = groups.total
     if algo.kl_in == "reward" and ref is not None:       # PPO / REINFORCE++ style: KL leaves the loss
         kl = KL_ESTIMATORS[algo.kl_estimator](old, ref)                                # [N, T]

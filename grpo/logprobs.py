@@ -261,26 +261,47 @@ def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_length: int, temperature: float = 1.0, micro_batch_size: int = 0,
-                   chunk_size: int = 0) -> torch.Tensor:
+                   chunk_size: int = 0, max_tokens: int = 0) -> torch.Tensor:
     """Log-probs without autograd (old policy, reference), micro-batch by micro-batch.
 
-    Rows are bucketed by length (:func:`length_order`) so each micro-batch trims its padding, and
-    returned in the original order.
+    Micro-batches are those of the update (:func:`bucketed_micro_batches`: rows of similar length,
+    at most `micro_batch_size` rows and `max_tokens` padded tokens each), so each trims its own
+    padding; the result is in the original row order.
 
     Shape: [N, P + T] -> [N, T]
     """
     was_training = model.training
     model.eval()  # no dropout: old/ref log-probs must be deterministic
+    n = input_ids.shape[0]
+    out = torch.empty(n, completion_length, dtype=torch.float32, device=input_ids.device)
     try:
-        n = input_ids.shape[0]
-        step = micro_batch_size or n
-        order = length_order(attention_mask) if step < n else torch.arange(n, device=attention_mask.device)
-        parts = [completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length, temperature,
-                                     chunk_size=chunk_size)[0]
-                 for idx in order.split(step)]
+        for idx in bucketed_micro_batches(attention_mask, micro_batch_size, max_tokens):
+            out[idx] = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length, temperature,
+                                           chunk_size=chunk_size)[0].float()
     finally:
         model.train(was_training)
-    parts = torch.cat(parts, dim=0)
-    out = torch.empty(n, completion_length, dtype=parts.dtype, device=input_ids.device)
-    out[order] = parts
     return out                                                              # [N, T]
+
+
+def bucketed_micro_batches(attention_mask: torch.Tensor, size: int, max_tokens: int = 0) -> list:
+    """Micro-batches of rows of similar length, each trimming its own padding.
+
+    Rows are taken shortest first (:func:`length_order`); a micro-batch closes when it holds `size`
+    rows or when one more row would make rows x (its longest row's real tokens) exceed `max_tokens`
+    (every micro-batch holds at least one row). `size` = 0 and `max_tokens` <= 0: one slice.
+
+    Shape: attention_mask [N, L] -> list of [n] long row indices (or a single slice)
+    """
+    n = attention_mask.shape[0]
+    size = size if 0 < size < n else n
+    if size == n and (max_tokens <= 0 or n * int(attention_mask.sum(dim=-1).max()) <= max_tokens):
+        return [slice(0, n)]
+    order = length_order(attention_mask)                                     # [N] shortest first
+    lengths = attention_mask.sum(dim=-1)[order].tolist()                     # [N] real tokens, ascending
+    groups, start = [], 0
+    for i in range(1, n + 1):
+        full = i - start == size or (i < n and max_tokens > 0 and (i + 1 - start) * lengths[i] > max_tokens)
+        if i == n or full:
+            groups.append(order[start:i])
+            start = i
+    return groups

@@ -33,10 +33,10 @@ class FrozenCopy:
     def __init__(self, policy: torch.nn.Module):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
 
-    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0):
+    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0):
         """Shape: [N, P + T] -> [N, T]."""
         return fixed_logprobs(self.model, input_ids, attention_mask, completion_length, temperature,
-                              micro_batch_size)
+                              micro_batch_size, max_tokens=max_tokens)
 
     def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
         mix_parameters(self.model, policy, alpha)
@@ -48,11 +48,11 @@ class AdapterDisabled:
     def __init__(self, policy: torch.nn.Module):
         self.policy = policy
 
-    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0):
+    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0):
         """Shape: [N, P + T] -> [N, T]."""
         with self.policy.disable_adapter():
             return fixed_logprobs(self.policy, input_ids, attention_mask, completion_length, temperature,
-                                  micro_batch_size)
+                                  micro_batch_size, max_tokens=max_tokens)
 
     def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
         raise ValueError("algorithm.ref_update_steps needs full fine-tuning: with LoRA the reference is "

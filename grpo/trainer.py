@@ -32,7 +32,7 @@ from grpo.resume import TrainState, begin_run, check_resumable, find_checkpoint,
 from grpo.rewards import load_reward
 from grpo.signals import GracefulStop, fault_point
 from grpo.types import TrainBatch
-from grpo.update import UpdateStats, auto_micro_batch_tokens, build_optimizer, policy_update
+from grpo.update import UpdateStats, build_optimizer, micro_batch_tokens, policy_update
 
 
 @dataclass
@@ -84,15 +84,9 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, par=Non
                           norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
                           logprob_chunk_size=cfg.train.logprob_chunk_size,
                           gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=par,
-                          micro_batch_tokens=micro_batch_tokens(cfg, state.model))
+                          micro_batch_tokens=micro_batch_tokens(cfg.train.micro_batch_tokens, state.model))
     fault_point("update", step)
     return stats
-
-
-def micro_batch_tokens(cfg: Config, model: torch.nn.Module) -> int:
-    """`train.micro_batch_tokens`, with 0 resolved from the model's size (grpo.update)."""
-    tokens = cfg.train.micro_batch_tokens
-    return auto_micro_batch_tokens(model) if tokens == 0 else tokens
 
 
 def wants_checkpoint(tc: TrainConfig, step: int) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.config import AlgorithmConfig, OptimConfig
-from grpo.logprobs import completion_logprobs, length_order
+from grpo.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.loss import AGGREGATIONS, grpo_loss
 from grpo.types import TrainBatch
 
@@ -85,30 +85,6 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
         disable()
 
 
-def bucketed_micro_batches(attention_mask: torch.Tensor, size: int, max_tokens: int = 0) -> list:
-    """Micro-batches of rows of similar length, each trimming its own padding.
-
-    Rows are taken shortest first (:func:`length_order`); a micro-batch closes when it holds `size`
-    rows or when one more row would make rows x (its longest row's real tokens) exceed `max_tokens`
-    (every micro-batch holds at least one row). `size` = 0 and `max_tokens` <= 0: one slice.
-
-    Shape: attention_mask [N, L] -> list of [n] long row indices (or a single slice)
-    """
-    n = attention_mask.shape[0]
-    size = size if 0 < size < n else n
-    if size == n and (max_tokens <= 0 or n * int(attention_mask.sum(dim=-1).max()) <= max_tokens):
-        return [slice(0, n)]
-    order = length_order(attention_mask)                                     # [N] shortest first
-    lengths = attention_mask.sum(dim=-1)[order].tolist()                     # [N] real tokens, ascending
-    groups, start = [], 0
-    for i in range(1, n + 1):
-        full = i - start == size or (i < n and max_tokens > 0 and (i + 1 - start) * lengths[i] > max_tokens)
-        if i == n or full:
-            groups.append(order[start:i])
-            start = i
-    return groups
-
-
 def auto_micro_batch_tokens(model: torch.nn.Module, budget: int = 2 ** 19) -> int:
     """`train.micro_batch_tokens = 0`: tokens per micro-batch so that tokens x hidden_size x layers is
     about `budget`, at least 256; 4096 when the config does not say. A Qwen2-style layer keeps about
@@ -118,6 +94,11 @@ def auto_micro_batch_tokens(model: torch.nn.Module, budget: int = 2 ** 19) -> in
     config = getattr(inner, "config", None)
     width = getattr(config, "hidden_size", 0) * getattr(config, "num_hidden_layers", 0)
     return max(256, budget // width) if width else 4096
+
+
+def micro_batch_tokens(tokens: int, model: torch.nn.Module) -> int:
+    """`train.micro_batch_tokens`, with 0 resolved from the model's size (:func:`auto_micro_batch_tokens`)."""
+    return auto_micro_batch_tokens(model) if tokens == 0 else tokens
 
 
 class SingleProcess:

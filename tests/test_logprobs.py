@@ -7,8 +7,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo.config import build_config
-from grpo.logprobs import (chunked_path, completion_logprobs, fixed_logprobs, logits_path, split_model,
-                           trim_padding)
+from grpo.logprobs import (bucketed_micro_batches, chunked_path, completion_logprobs, fixed_logprobs, logits_path,
+                           split_model, trim_padding)
 from grpo.lora import apply_lora
 from tests.conftest import tiny_qwen2
 
@@ -160,6 +160,9 @@ def test_fixed_logprobs_bucketed_micro_batches_keep_row_order():
     for mb in (1, 2, 4):
         assert torch.allclose(fixed_logprobs(model, ids, mask, T, micro_batch_size=mb), full, atol=1e-6)
     assert full.requires_grad is False and full.shape == (6, T)
+    for budget in (1, 12, 20):                 # token budgets: one row each, then a few rows per micro-batch
+        assert len(bucketed_micro_batches(mask, 0, budget)) > 1
+        assert torch.allclose(fixed_logprobs(model, ids, mask, T, max_tokens=budget), full, atol=1e-6)
 
 
 def test_lora_reference_through_the_chunked_path_is_the_base_model():

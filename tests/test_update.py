@@ -285,7 +285,7 @@ def test_chunk_size_and_gradient_checkpointing_leave_the_update_unchanged(chunk,
 
 
 def test_micro_batches_are_bucketed_by_length():
-    from grpo.update import bucketed_micro_batches
+    from grpo.logprobs import bucketed_micro_batches
 
     batch = make_batch()                       # completion lengths 5, 1, 3, 5, 2, 4; row 0 has 2 pad columns
     buckets = [b.tolist() for b in bucketed_micro_batches(batch.attention_mask, 2)]
@@ -294,7 +294,7 @@ def test_micro_batches_are_bucketed_by_length():
 
 
 def test_token_budget_closes_micro_batches():
-    from grpo.update import bucketed_micro_batches
+    from grpo.logprobs import bucketed_micro_batches
 
     mask = make_batch().attention_mask         # real tokens per row: 7, 5, 7, 9, 6, 8 -> order 1, 4, 0, 2, 5, 3
     groups = [b.tolist() for b in bucketed_micro_batches(mask, 0, max_tokens=20)]
