@@ -144,7 +144,7 @@ def run_config(name: str, steps: int) -> dict:
         ids = torch.cat([g.prompt_ids, g.completion_ids], 1)
         mask = torch.cat([g.prompt_mask, g.completion_mask], 1)
         T = g.completion_ids.shape[1]
-        ref_lp, s_ref = timed(lambda: fixed_logprobs(ref, ids, mask, T, 1.0))
+        ref_lp, s_ref = timed(lambda: fixed_logprobs(ref, ids, mask, T, 1.0, max_tokens=budget))
         adv = torch.randn(ids.shape[0], generator=gen)
         train = TrainBatch(ids, mask, g.completion_mask.float(), adv, None, ref_lp)
         _, s_update = timed(lambda: policy_update(model, opt, sched, train, algo, temperature=1.0,

@@ -30,6 +30,26 @@ def _dnn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def padded_rows(m: int) -> int:
+    """`m` rounded up to a multiple of max(16, 2^(bits(m) - 4)): at most 8 row counts per octave,
+    at most 1/8 extra rows (and 15 below 256). oneDNN generates and caches a kernel per GEMM shape
+    (~0.2 MiB each); without rounding, a rollout whose rows leave one by one, or micro-batches of
+    new lengths every step, bring new shapes all the time (measured: +110 MiB RSS on the embedded
+    model)."""
+    step = max(16, 1 << max(m.bit_length() - 4, 0))
+    return -(-m // step) * step
+
+
+def _dnn_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`_dnn` with the rows of `x` zero-padded to :func:`padded_rows` (result trimmed back).
+
+    Shape: x [M, K], weight [N, K], bias [N] -> [M, N]
+    """
+    rows = x.shape[0]
+    pad = padded_rows(rows) - rows
+    return _dnn(F.pad(x, (0, 0, 0, pad)) if pad else x, weight, bias)[:rows]
+
+
 class _DnnLinearFn(torch.autograd.Function):
     """y = x W^T + b with every GEMM (forward and both gradients) through oneDNN."""
 
@@ -38,7 +58,7 @@ class _DnnLinearFn(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1]).contiguous()                        # [M, K]
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
-        return _dnn(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])  # [..., N]
+        return _dnn_rows(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])  # [..., N]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -46,9 +66,11 @@ class _DnnLinearFn(torch.autograd.Function):
         g2 = grad.reshape(-1, grad.shape[-1]).contiguous()                   # [M, N]
         gx = gw = gb = None   # oneDNN reads transposes of contiguous tensors in place (others hit a slow path)
         if ctx.needs_input_grad[0]:
-            gx = _dnn(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
+            gx = _dnn_rows(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
         if ctx.needs_input_grad[1]:
-            gw = _dnn(g2.t(), x2.t())                                        # [N, K] = dY^T X
+            pad = padded_rows(g2.shape[0]) - g2.shape[0]                    # zero rows add nothing to dY^T X
+            gp, xp = (F.pad(g2, (0, 0, 0, pad)), F.pad(x2, (0, 0, 0, pad))) if pad else (g2, x2)
+            gw = _dnn(gp.t(), xp.t())                                        # [N, K] = dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(dim=0)                                               # [N]
         return gx, gw, gb
@@ -69,7 +91,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return _DnnLinearFn.apply(x, weight, bias)
-    out = _dnn(x.reshape(-1, x.shape[-1]), weight, bias)                     # no graph: skip autograd.Function
+    out = _dnn_rows(x.reshape(-1, x.shape[-1]), weight, bias)               # no graph: skip autograd.Function
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -40,6 +40,31 @@ def test_values_and_gradients_equal_float64(bias):
         assert torch.allclose(b.grad.double(), b64.grad, atol=1e-5)          # db = sum dY
 
 
+def test_padded_rows_bounds_shapes_and_waste():
+    assert [kernels.padded_rows(m) for m in (1, 16, 17, 129, 256, 257, 1000, 1025, 5504)] == \
+        [16, 16, 32, 144, 256, 288, 1024, 1152, 5632]
+    for m in range(1, 5000):
+        p = kernels.padded_rows(m)
+        assert m <= p <= max(m + 15, m * 9 // 8 + 1)
+    assert len({kernels.padded_rows(m) for m in range(1025, 2049)}) == 8        # 8 row counts per octave
+
+
+@pytest.mark.parametrize("rows", [17, 300])
+def test_padded_gemms_equal_float64_with_and_without_graph(rows):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, 24, generator=g, requires_grad=True)              # rows not a multiple of 16
+    w, b = torch.randn(16, 24, generator=g, requires_grad=True), torch.randn(16, generator=g)
+    upstream = torch.randn(rows, 16, generator=g)
+    y = linear(x, w, b)
+    (y * upstream).sum().backward()
+    x64, w64 = x.detach().double(), w.detach().double()
+    with torch.no_grad():
+        assert torch.allclose(linear(x, w, b).double(), x64 @ w64.T + b.double(), atol=1e-5)
+    assert y.shape == (rows, 16) and torch.allclose(y.double(), x64 @ w64.T + b.double(), atol=1e-5)
+    assert torch.allclose(x.grad.double(), upstream.double() @ w64, atol=1e-5)          # dX = dY W
+    assert torch.allclose(w.grad.double(), upstream.double().T @ x64, atol=1e-4)        # dW = dY^T X
+
+
 def test_frozen_weight_gets_no_gradient():
     x, w, b = tensors()
     w.requires_grad_(False)
