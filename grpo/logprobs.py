@@ -23,6 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from grpo.rollout.sampler import positions_from_mask
+from grpo.shared_prompt import completion_hidden
 
 #: Default logits per chunk of the chunked path: 2**23 float32 values = 32 MiB (256 tokens at V = 32k).
 CHUNK_LOGITS = 2 ** 23
@@ -205,15 +206,15 @@ def scatter_rows(values: torch.Tensor, active: torch.Tensor, T: int) -> torch.Te
 def chunked_path(parts: tuple[torch.nn.Module, torch.nn.Module], input_ids: torch.Tensor,
                  attention_mask: torch.Tensor, T: int, temperature: float, with_entropy: bool,
                  entropy_grad: bool, chunk_size: int = 0):
-    """Backbone on the trimmed batch, then the LM head only on real completion tokens, in chunks.
+    """Backbone on the trimmed batch (each distinct prompt once: :mod:`grpo.shared_prompt`), then the
+    LM head only on real completion tokens, in chunks.
 
     Shape:
         input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
     """
     backbone, head = parts
     ids, mask, kept = trim_padding(input_ids, attention_mask, T)            # [n, P' + T']
-    hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
-                      use_cache=False).last_hidden_state[:, -kept - 1:-1]   # [n, T', H] predicts the T' tokens
+    hidden = completion_hidden(backbone, ids, mask, kept)                   # [n, T', H] predicts the T' tokens
     active = mask[:, -kept:].bool()                                         # [n, T']
     want_entropy = with_entropy or entropy_grad
     vocab = getattr(getattr(head, "weight", None), "shape", (0,))[0]

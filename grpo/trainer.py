@@ -148,7 +148,7 @@ def train(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = No
     try:
         return _train(cfg, model, tokenizer, par)
     finally:
-        distributed.shutdown()
+        distributed.shutdown(par)
 
 
 def _train(cfg: Config, model, tokenizer, par) -> TrainResult:
