@@ -9,7 +9,7 @@ Two configurations, each in a fresh process (so peak memory is its own):
   G = 8, 2 prompts per step, 64-token completions, 2 threads.
 
 Every timing is the median of `--steps` runs after one warm-up; the two rollout samplers alternate.
-Our side runs as `grpo train` does: linears through oneDNN where faster (model.cpu_matmul = auto), the
+Our side runs as `grpo train` does: linears through oneDNN where faster (model.cpu_matmul = auto), the reference pass and
 update in token-budget micro-batches (train.micro_batch_tokens = 0); `generate` runs with stock PyTorch
 linears. FLOP/s are model FLOPs (forward 2 * params * tokens on the real tokens of each trimmed micro-batch, LM head
 only on completion tokens, attention included; backward = 2 x forward; recomputation not counted)

@@ -155,7 +155,7 @@ class TrainConfig:
                                 "grpo/kernels.py). 0 = leave the allocator alone.")
     micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
-                                 "2**19 / (hidden_size x num_layers), at least 256 (~70 MiB of activations); "
+                                 "2**20 / (hidden_size x num_layers), at least 256 (~150 MiB of activations); "
                                  "-1 = no limit. The update is the same for any value (exact accumulation).")
     max_steps: int = _f(100, "Number of GRPO steps.")
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")

@@ -19,8 +19,11 @@ import torch
 
 from grpo.rollout.sampler import positions_from_mask
 
-#: Share only when the distinct prompts save at least this share of the micro-batch's tokens.
-MIN_SAVING = 0.1
+#: Share only when the distinct prompts save at least this share of the micro-batch's tokens. The
+#: second forward call and the cache gather have a cost: at a 10 % saving (qwen2-100m, 3 rows of one
+#: prompt per micro-batch) the update was slower and its peak RSS 200 MiB higher; at 18-22 % (the
+#: embedded task, 3-4 rows per prompt) it is 13 % faster and 35 MiB lighter.
+MIN_SAVING = 0.15
 
 
 def distinct_prompts(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -85,11 +85,13 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
         disable()
 
 
-def auto_micro_batch_tokens(model: torch.nn.Module, budget: int = 2 ** 19) -> int:
+def auto_micro_batch_tokens(model: torch.nn.Module, budget: int = 2 ** 20) -> int:
     """`train.micro_batch_tokens = 0`: tokens per micro-batch so that tokens x hidden_size x layers is
     about `budget`, at least 256; 4096 when the config does not say. A Qwen2-style layer keeps about
-    36 x hidden_size float32 values per token for its backward pass (measured), so 2**19 is ~70 MiB of
-    activations. E.g. 1024 tokens at hidden 128 x 4 layers (the embedded model), 256 at 768 x 12."""
+    36 x hidden_size float32 values per token for its backward pass (measured), so 2**20 is ~150 MiB of
+    activations. E.g. 2048 tokens at hidden 128 x 4 layers (the embedded model), 256 (the floor) for
+    any model with hidden x layers >= 4096. On the embedded task 2048 was 10 % faster per step than
+    1024 (fewer calls, more rows per shared prompt; +57 MiB) and 4096 80 % slower (cache misses)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(inner, "config", None)
     width = getattr(config, "hidden_size", 0) * getattr(config, "num_hidden_layers", 0)

@@ -44,7 +44,7 @@ def backbone_calls(model) -> list[int]:
 
 def logps_and_grads(model, ids, mask, share: bool, monkeypatch):
     """Log-probs, entropies and parameter gradients (eval mode: GPT-2's dropout would differ per call)."""
-    monkeypatch.setattr(shared_prompt, "MIN_SAVING", 0.1 if share else 2.0)   # 2.0: never worth sharing
+    monkeypatch.setattr(shared_prompt, "MIN_SAVING", 0.15 if share else 2.0)   # 2.0: never worth sharing
     model.zero_grad(set_to_none=True)
     logp, ent = completion_logprobs(model.eval(), ids, mask, T, temperature=0.7, with_entropy=True, entropy_grad=True)
     ((logp * mask[:, P:]).sum() + 0.3 * ent.sum()).backward()

@@ -323,6 +323,6 @@ def test_token_budget_update_equals_full_batch():
 def test_auto_micro_batch_tokens_scales_with_model_width():
     from grpo.update import auto_micro_batch_tokens
 
-    assert auto_micro_batch_tokens(tiny_qwen2()) == max(256, 2 ** 19 // (tiny_qwen2().config.hidden_size *
+    assert auto_micro_batch_tokens(tiny_qwen2()) == max(256, 2 ** 20 // (tiny_qwen2().config.hidden_size *
                                                                           tiny_qwen2().config.num_hidden_layers))
     assert auto_micro_batch_tokens(torch.nn.Linear(2, 2)) == 4096           # no config: a fixed budget
