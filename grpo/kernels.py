@@ -65,11 +65,13 @@ class _DnnLinearFn(torch.autograd.Function):
         x2, weight = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.shape[-1]).contiguous()                   # [M, N]
         gx = gw = gb = None   # oneDNN reads transposes of contiguous tensors in place (others hit a slow path)
+        rows = g2.shape[0]
+        pad = padded_rows(rows) - rows                                       # zero rows add nothing to dY^T X
+        gp = F.pad(g2, (0, 0, 0, pad)) if pad else g2                        # [M', N], padded once for both
         if ctx.needs_input_grad[0]:
-            gx = _dnn_rows(g2, weight.t()).view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
+            gx = _dnn(gp, weight.t())[:rows].view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
         if ctx.needs_input_grad[1]:
-            pad = padded_rows(g2.shape[0]) - g2.shape[0]                    # zero rows add nothing to dY^T X
-            gp, xp = (F.pad(g2, (0, 0, 0, pad)), F.pad(x2, (0, 0, 0, pad))) if pad else (g2, x2)
+            xp = F.pad(x2, (0, 0, 0, pad)) if pad else x2                    # [M', K]
             gw = _dnn(gp.t(), xp.t())                                        # [N, K] = dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(dim=0)                                               # [N]

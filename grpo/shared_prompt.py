@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo.rollout.decoder import full_attention_config
 from grpo.rollout.sampler import positions_from_mask
 
 #: Share only when the distinct prompts save at least this share of the micro-batch's tokens. The
@@ -45,11 +46,10 @@ def checkpointing(backbone: torch.nn.Module) -> bool:
 
 
 def plain_cache_model(backbone: torch.nn.Module) -> bool:
-    """Full attention in every layer: the prompt's cache is a ``DynamicCache`` of plain layers."""
+    """Full attention in every layer (the lean decoder's test): the prompt's cache is a ``DynamicCache``
+    of plain layers."""
     config = getattr(backbone, "config", None)
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (config is not None and set(layer_types) == {"full_attention"}
-            and getattr(config, "sliding_window", None) is None)
+    return config is not None and full_attention_config(config)
 
 
 def _expandable(cache) -> bool:

@@ -34,7 +34,7 @@ _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _HEAD_NORMS = ("q_norm", "k_norm")
 
 
-def _plain_config(config) -> bool:
+def full_attention_config(config) -> bool:
     """Full causal attention in every layer, no soft-capping."""
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     return (getattr(config, "sliding_window", None) is None
@@ -313,7 +313,7 @@ def lean_decoder(model) -> LeanDecoder | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in HEAD_NORM or not _plain_config(config) or not _own_layout(base, model_type):
+    if model_type not in HEAD_NORM or not full_attention_config(config) or not _own_layout(base, model_type):
         return None
     attn = base.model.layers[0].self_attn
     return LeanDecoder(
