@@ -87,10 +87,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = config_from_args(args, extra)
     from transformers.utils import logging as hf_logging
 
-    from grpo.trainer import train
+    from grpo.api import Trainer
 
     hf_logging.disable_progress_bar()   # per-checkpoint load/save bars would bury the run's own lines
-    result = train(cfg)
+    result = Trainer(config=cfg).train()                      # the Python API: one path for both
     if result.stopped_by:
         print(f"grpo: stopped by {result.stopped_by} after step {result.steps} of {cfg.train.max_steps}; "
               f"checkpoint: {result.checkpoint or 'none'}\nresume with: {resume_command(args.argv)}", file=sys.stderr)

@@ -36,6 +36,11 @@ class ModelConfig:
     cpu_matmul: str = _f("auto", "float32 linear layers on CPU (grpo/kernels.py): onednn (oneDNN GEMMs, 2-3x "
                          "faster than MKL on AMD CPUs) | aten (PyTorch's default) | auto (onednn for models of hidden size "
                          ">= 512 when a short calibration on this machine finds it >= 1.25x faster). No effect on GPU or other dtypes.")
+    device: str = _f("auto", "Where the policy, the reference and every tensor of a step live: auto (CUDA when "
+                     "available, under torchrun cuda:LOCAL_RANK; else cpu) | cpu | cuda | cuda:N. CPU-only tuning "
+                     "(oneDNN linears, allocator threshold, thread count, micro-batch heuristics) applies only on cpu.")
+    attn_implementation: str = _f("auto", "Attention kernel: auto (the library's default, sdpa; flash_attention_2 on "
+                                  "CUDA when installed) | eager | sdpa | flash_attention_2.")
 
 
 @dataclass(frozen=True)

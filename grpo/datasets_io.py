@@ -208,13 +208,28 @@ def check_prompt(value: Any, where: str, column: str = "prompt") -> bool:
                     f"{{role, content}} messages, got {type(value).__name__}")
 
 
-def read_dataset(cfg: DataConfig) -> tuple[Records, bool]:
-    """Load `cfg.dataset`, apply column_map and prompt_column, check every prompt.
+def records_from_rows(rows: list[dict[str, Any]], source: str = "train_dataset") -> Records:
+    """In-memory rows (a list of dicts, e.g. from the Python API) as Records; rows must be dicts."""
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{source}: row {i} must be a dict of columns, got {type(row).__name__}")
+    if not rows:
+        raise DataError(f"{source}: no rows")
+    return Records([dict(r) for r in rows], [f"{source}: row {i}" for i in range(len(rows))], source,
+                   _columns_of(rows))
+
+
+def read_dataset(cfg: DataConfig, rec: Records | None = None) -> tuple[Records, bool]:
+    """Load `cfg.dataset` (or take the in-memory `rec`), apply column_map and prompt_column, check every prompt.
 
     Returns the records (each row has a ``prompt``) and whether the prompts are conversational.
     ``data.prompt_column`` copies that column to ``prompt`` (the original column is kept too).
     """
-    rec = load_records(cfg.dataset, cfg.split, cfg.skip_bad_rows)
+    if rec is None:
+        rec = load_records(cfg.dataset, cfg.split, cfg.skip_bad_rows)
+    else:
+        rec = Records(list(rec.rows), list(rec.where), rec.source, list(rec.columns), list(rec.skipped))
     rename_columns(rec, dict(cfg.column_map))
     col = cfg.prompt_column
     if col not in rec.columns:

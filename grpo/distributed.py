@@ -63,13 +63,20 @@ def all_reduce_sum(values):
     if not is_dist():
         return values
     if isinstance(values, torch.Tensor):
-        out = values.detach().clone()
+        out = values.detach().to(collective_device(), copy=True)      # NCCL reduces device tensors only
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out
+        return out.to(values.device)
     scalar = not isinstance(values, (list, tuple))
-    t = torch.tensor([values] if scalar else list(values), dtype=torch.float64)
+    t = torch.tensor([values] if scalar else list(values), dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t[0]) if scalar else [float(v) for v in t]
+
+
+def collective_device() -> torch.device:
+    """Where tensors handed to a collective must live: the current CUDA device under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def any_rank(flag: bool) -> bool:
@@ -259,18 +266,19 @@ class Parallel:
         return FrozenOptimizerState({"state": {index[n]: v for n, v in osd["state"].items()}, "param_groups": groups})
 
 
-def init(cfg: Config) -> Parallel | None:
-    """Join the torchrun process group (gloo on CPU, NCCL on GPU); None for a single process."""
+#: The process-group backend of each device type (grpo.runtime decides the device).
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
+
+def init(cfg: Config, device: torch.device | None = None) -> Parallel | None:
+    """Join the torchrun process group on `device` (gloo on CPU, NCCL on CUDA); None for a single process."""
     world = env_world_size()
     if world <= 1:
         return None
     check_config(cfg, world)
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-        backend, device = "nccl", torch.device("cuda", local)
-    else:
-        backend, device = "gloo", torch.device("cpu")
+    device = torch.device("cpu") if device is None else device
+    backend = BACKENDS[device.type]
     if not dist.is_initialized():
         dist.init_process_group(backend)
     return Parallel(dist.get_rank(), dist.get_world_size(), local, cfg.train.parallel, device)

@@ -158,10 +158,15 @@ def load_tokenizer(path, trust_remote_code: bool = False):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
+    return prepare_tokenizer(tokenizer, str(directory))
+
+
+def prepare_tokenizer(tokenizer, where: str = "the tokenizer"):
+    """Left padding, and a missing pad token falling back to eos (ValueError naming `where` without either)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"the tokenizer in {directory} has neither a pad nor an eos token")
+            raise ValueError(f"the tokenizer in {where} has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
@@ -181,10 +186,12 @@ def align_special_tokens(model, tokenizer) -> None:
             config.eos_token_id = tokenizer.eos_token_id
 
 
-def load_policy(path, dtype: str | torch.dtype = "float32", trust_remote_code: bool = False):
+def load_policy(path, dtype: str | torch.dtype = "float32", trust_remote_code: bool = False,
+                attn_implementation: str | None = None):
     """Load ``(model, tokenizer)`` of any local ``AutoModelForCausalLM`` directory, in eval mode.
 
-    ``dtype`` is float32 | bfloat16 | float16.  Custom modelling code runs only with
+    ``dtype`` is float32 | bfloat16 | float16; ``attn_implementation`` (None = the library's default)
+    is passed to ``from_pretrained``.  Custom modelling code runs only with
     ``trust_remote_code=True``.  The tokenizer pads on the left; a missing pad token falls back
     to eos (tokenizer, model config and generation config).  ``model.name_or_path`` is the
     absolute directory, which :func:`grpo.lora.apply_lora` records as the adapter's base model.
@@ -195,8 +202,9 @@ def load_policy(path, dtype: str | torch.dtype = "float32", trust_remote_code: b
     directory = check_model_dir(path, "policy")
     tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code)
     try:
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype,
-                                                     trust_remote_code=trust_remote_code)
+                                                     trust_remote_code=trust_remote_code, **extra)
     except (OSError, ValueError, KeyError) as e:  # transformers' messages can span lines
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "custom code" in first_line and not trust_remote_code:

@@ -1,0 +1,68 @@
+"""Callbacks: user objects the loop calls at fixed points of a run.
+
+A callback is any object with some of these methods (missing ones are skipped)::
+
+    on_step_end(step: int, metrics: dict) -> bool | None   # after each step's metrics are logged
+    on_checkpoint(path: Path) -> None                        # after a checkpoint is written
+    on_train_end(result: TrainResult) -> None                # once, when the run returns
+
+``on_step_end`` returning True (or the string "stop") asks the run to stop: it stops as it does on
+SIGINT, after that step, with a checkpoint saved (``TrainResult.stopped_by == "callback"``).
+:meth:`grpo.Trainer.stop` does the same from anywhere (another thread, a notebook cell).
+An exception raised by a callback ends the run with that exception (nothing more is saved).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: The methods a callback may have, in the order a run calls them.
+HOOKS = ("on_step_end", "on_checkpoint", "on_train_end")
+
+
+class Callback:
+    """A base with no-op hooks (optional: any object with some of the methods works)."""
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> bool | None:
+        return None
+
+    def on_checkpoint(self, path: Path) -> None:
+        return None
+
+    def on_train_end(self, result: Any) -> None:
+        return None
+
+
+def check_callback(cb: Any, index: int) -> Any:
+    """`cb` when it has at least one hook, else a one-line TypeError naming it."""
+    if not any(callable(getattr(cb, hook, None)) for hook in HOOKS):
+        raise TypeError(f"callbacks[{index}] ({type(cb).__name__}) has none of the methods {', '.join(HOOKS)}")
+    return cb
+
+
+class CallbackList:
+    """The run's callbacks, called in order; also holds a stop request made from outside the loop."""
+
+    def __init__(self, callbacks: list | tuple | None = None):
+        self.callbacks = [check_callback(cb, i) for i, cb in enumerate(callbacks or [])]
+        self.stop_requested = False
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+
+    def _call(self, hook: str, *args: Any) -> list[Any]:
+        return [getattr(cb, hook)(*args) for cb in self.callbacks if callable(getattr(cb, hook, None))]
+
+    def step_end(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Call every on_step_end; True when any asked to stop (or a stop was requested)."""
+        answers = self._call("on_step_end", step, dict(metrics))
+        if any(a is True or a == "stop" for a in answers):
+            self.stop_requested = True
+        return self.stop_requested
+
+    def checkpoint(self, path: Path) -> None:
+        self._call("on_checkpoint", path)
+
+    def train_end(self, result: Any) -> None:
+        self._call("on_train_end", result)
