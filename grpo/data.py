@@ -122,16 +122,17 @@ def _embedded_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
     return TASKS[cfg.task].generate("train", cfg.num_train_prompts, seed=seed)
 
 
-def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None) -> PromptSet:
-    """The training prompts: a dataset file/directory, or the embedded task's train split.
+def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None, records=None) -> PromptSet:
+    """The training prompts: in-memory `records` (grpo.datasets_io.Records, e.g. from the Python API),
+    a dataset file/directory, or the embedded task's train split. The same column rules apply to all.
 
     With a tokenizer every prompt is rendered and tokenized once (ids under ``IDS_KEY``) and the
     ``data.max_prompt_length`` policy is applied. Without one the rows stay raw, which is only
     allowed for string prompts with neither a system prompt nor a length limit.
     """
     skipped: list[str] = []
-    if cfg.dataset:
-        rec, conversational = read_dataset(cfg)
+    if records is not None or cfg.dataset:
+        rec, conversational = read_dataset(cfg, records)
         rows, where, source, skipped = rec.rows, rec.where, rec.source, rec.skipped
         if skipped:
             log.warning("warning: data.skip_bad_rows: skipped %d of %d rows of %s (first: %s)", len(skipped),

@@ -181,8 +181,10 @@ def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg:
 
 
 def make_experience(model, tokenizer, stream: PromptStream, rewards, step_rewards, reference, cfg: Config,
-                    rng, device) -> Experience:
-    """Everything one GRPO step trains on (see the module docstring for the order of stages)."""
+                    rng, device, max_tokens: int | None = None) -> Experience:
+    """Everything one GRPO step trains on (see the module docstring for the order of stages).
+    `max_tokens`: the token budget of the reference / old-policy passes (the runtime's
+    micro_batch_tokens; None = train.micro_batch_tokens resolved for the CPU)."""
     algo, ro, mb = cfg.algorithm, cfg.rollout, cfg.train.micro_batch_size
     G = ro.num_generations
     groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, rng, device)
@@ -190,7 +192,7 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     input_ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)                # [N, P + T]
     attention_mask = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)        # [N, P + T]
     T, mask = gen.completion_ids.shape[1], gen.completion_mask.float()                 # [N, T]
-    budget = micro_batch_tokens(cfg.train.micro_batch_tokens, model)  # the update's micro-batches
+    budget = micro_batch_tokens(cfg.train.micro_batch_tokens, model) if max_tokens is None else max_tokens
     ref = (reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget)
            if reference is not None else None)
     needs_old = algo.num_iterations > 1 or (algo.kl_in == "reward" and ref is not None)
