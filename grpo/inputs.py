@@ -13,6 +13,7 @@ raises a one-line error naming the argument or config key at fault:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -45,6 +46,21 @@ def split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], di
     return nested, ours, trl
 
 
+def changed_fields(obj: Any) -> dict[str, Any]:
+    """The fields of a dataclass object (e.g. TRL's GRPOConfig) that differ from their defaults: the keys
+    the user set. TRL's defaults are not ours, so only these are mapped."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        if not f.init:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        value = getattr(obj, f.name)
+        if default is dataclasses.MISSING or value != default:
+            out[f.name] = value
+    return out
+
+
 def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, world_size: int = 1) -> Config:
     """A Config from: None (defaults), a Config, a YAML path, or a dict mixing sections
     ({"train": {...}}), `section.key` keys and TRL GRPOConfig keys (mapped by grpo.trl_compat; the
@@ -58,9 +74,11 @@ def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, 
         return build_config(to_dict(config), overrides) if overrides else config
     if isinstance(config, (str, Path)):
         return build_config(load_yaml(config), overrides)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):   # e.g. TRL's GRPOConfig object
+        config = changed_fields(config)
     if not isinstance(config, dict):
         raise ConfigError(f"config must be a grpo Config, a dict or a YAML path, got {type(config).__name__} (for a "
-                          f"TRL GRPOConfig pass the keys you set as a dict: config={{'learning_rate': 1e-6, ...}})")
+                          f"TRL GRPOConfig-style config pass a dict of the keys you set: config={{'learning_rate': 1e-6, ...}})")
     nested, ours, trl = split_keys(config)
     mapped, lines = from_trl(trl, world_size)
     if lines:
