@@ -239,3 +239,35 @@ def test_train_shim_and_cli_share_the_api_path(tmp_path, monkeypatch):
                  "--rollout.num_generations", "2", "--train.prompts_per_step", "2", "--rollout.max_new_tokens", "4",
                  "--log.progress_bar", "false", "--train.save_final", "false"]) == 0
     assert len(calls) == 1 and calls[0].config.train.max_steps == 1
+
+
+def test_a_peft_model_trains_its_own_adapters_against_the_adapter_free_reference(tmp_path):
+    from grpo.config import LoraConfig
+    from grpo.lora import apply_lora
+    from grpo.reference import AdapterDisabled
+
+    model, tok = micro()
+    peft_model = apply_lora(model, LoraConfig(r=2, alpha=4))
+    trainer = grpo.Trainer(peft_model, tokenizer=tok, reward_funcs=[digits], train_dataset=ROWS, config=tiny(tmp_path))
+    assert trainer.model is peft_model
+    adapters = {n: p.detach().clone() for n, p in peft_model.named_parameters() if p.requires_grad}
+    base = {n: p.detach().clone() for n, p in peft_model.named_parameters() if not p.requires_grad}
+    result = trainer.train()
+    after = dict(result.model.named_parameters())
+    assert any(not torch.equal(v, after[n]) for n, v in adapters.items())        # adapters trained
+    assert all(torch.equal(v, after[n]) for n, v in base.items())                 # base frozen
+    assert (result.checkpoint / "adapter_config.json").is_file()
+    from grpo.reference import build_reference
+
+    assert isinstance(build_reference(peft_model, 0.04), AdapterDisabled)
+
+
+def test_model_dtype_that_cannot_apply_names_the_key():
+    from grpo.inputs import cast_dtype
+
+    model, _ = micro()
+    model.register_parameter("codes", torch.nn.Parameter(torch.zeros(4, dtype=torch.int8), requires_grad=False))
+    with pytest.raises(ConfigError, match=r"model.dtype=float32: the model has non-floating parameters \(torch.int8"):
+        cast_dtype(model, "float32")
+    with pytest.raises(TypeError, match="model must be a local model directory or a torch.nn.Module"):
+        grpo.Trainer(42, reward_funcs=[digits], train_dataset=ROWS)
