@@ -41,6 +41,8 @@ Completions file: one JSON object per line with
   index        and/or a 0-based row number of --dataset: that row's columns are joined in
                (the completion row's own keys win)
 Every row needs a prompt or an index. A column missing from some rows is None there.
+Rewards are called by keyword as in training: fn(prompts=, completions=, **columns); a text
+completion of a chat-message prompt is passed as [{"role": "assistant", "content": text}].
 Example line: {"index": 3, "completion": "<think>...</think><answer>42</answer>"}
 Weights and other reward/data keys come from --config and --section.key VALUE options.
 """

@@ -183,12 +183,22 @@ class TrainConfig:
     parallel: str = _f("ddp", "Data-parallel wrapper under torchrun (docs/distributed.md): ddp (every rank holds "
                        "the model, gradients are all-reduced) | fsdp2 (torch fully_shard: parameters, gradients "
                        "and optimizer state sharded during the update). Ignored in a single process.")
+    precision: str = _f("fp32", "Mixed precision of the forward passes (rollout, reference/old log-probs, the update's "
+                        "forward and loss): fp32 (none) | bf16 (autocast to bfloat16) | fp16 (autocast to float16 with a "
+                        "dynamic loss scaler). Weights, gradients and optimizer state keep model.dtype; log-probs, KL "
+                        "and loss are float32 (grpo/precision.py, docs/performance.md).")
 
 
 @dataclass(frozen=True)
 class LogConfig:
     progress_bar: bool = _f(True, "Show a console progress bar with the headline metrics.")
     metrics_file: str = _f("metrics.jsonl", "Metrics file name inside output_dir (one JSON object per step).")
+    report_to: list[str] = _f([], "Trackers that also receive every step's scalars (metrics.jsonl is always written): "
+                              "tensorboard (output_dir/tensorboard) | wandb (output_dir/wandb; WANDB_MODE=offline "
+                              "works without a network) | trackio (trackio's own directory); none = no tracker. Each "
+                              "needs its extra, e.g. pip install -e \".[wandb]\" (docs/logging.md).")
+    project: str = _f("grpo", "W&B / trackio project the run is logged under.")
+    run_name: str = _f("", "Run name shown by W&B / trackio; empty = the name of train.output_dir.")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ def validate(cfg: Config) -> None:
     from grpo.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
     from grpo.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
     from grpo.shaping import GFPO_METRICS
+    from grpo.tracking import report_to_problem
 
+    tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
     checks = [
         (cfg.rollout.num_generations >= 2, "rollout.num_generations must be >= 2: group-relative advantages need a group"),
         (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
@@ -70,6 +72,10 @@ def validate(cfg: Config) -> None:
         (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),
         (cfg.train.max_bad_steps >= 0, "train.max_bad_steps must be >= 0 (0 = never stop)"),
         (cfg.train.parallel in ("ddp", "fsdp2"), "train.parallel must be ddp | fsdp2"),
+        (cfg.train.precision in ("fp32", "bf16", "fp16"),
+         f"train.precision must be fp32 | bf16 | fp16, got '{cfg.train.precision}'"),
+        (cfg.train.precision != "fp16" or cfg.model.dtype == "float32",
+         "train.precision=fp16 needs model.dtype=float32 (the loss scaler keeps float32 master weights)"),
         (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),
         (cfg.model.attn_implementation in ("auto", "eager", "sdpa", "flash_attention_2"),
          "model.attn_implementation must be auto | eager | sdpa | flash_attention_2"),
@@ -92,6 +98,8 @@ def validate(cfg: Config) -> None:
          "data.column_map may not map two columns onto the same name"),
         (cfg.data.prompt_column == "prompt" or "prompt" not in cfg.data.column_map.values(),
          "data.prompt_column and data.column_map both choose the prompt column: use one of them"),
+        (tracking is None, tracking),
+        (cfg.log.project.strip() != "", "log.project may not be empty"),
     ]
     for ok, message in checks:
         if not ok:

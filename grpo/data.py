@@ -168,7 +168,7 @@ class PromptStream:
 
     def __init__(self, rows: list[dict[str, Any]], seed: int, shuffle: bool = True):
         self.rows, self.shuffle = rows, shuffle
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)   # host-side: data order
         self.order: list[int] = []
         self.epoch = 0
 
@@ -177,15 +177,17 @@ class PromptStream:
         while len(out) < n:
             if not self.order:
                 self.epoch += 1
-                perm = torch.randperm(len(self.rows), generator=self.generator) if self.shuffle else torch.arange(len(self.rows))
+                rows = len(self.rows)
+                perm = (torch.randperm(rows, generator=self.generator, device="cpu") if self.shuffle
+                        else torch.arange(rows, device="cpu"))
                 self.order = perm.tolist()[::-1]       # reversed: the next row is popped from the end
             out.append(self.rows[self.order.pop()])
         return out
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the data order (tensors and ints: loads with torch.load(weights_only=True))."""
-        return {"generator": self.generator.get_state(), "order": torch.tensor(self.order[::-1], dtype=torch.long),
-                "epoch": self.epoch, "num_rows": len(self.rows)}
+        order = torch.tensor(self.order[::-1], dtype=torch.long, device="cpu")
+        return {"generator": self.generator.get_state(), "order": order, "epoch": self.epoch, "num_rows": len(self.rows)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`; DataError when the dataset has changed size since."""
@@ -198,13 +200,14 @@ class PromptStream:
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids and attention mask, right-aligned.  Shapes: [B, P] long each, P = longest sequence."""
+    """Ids and attention mask, right-aligned, built on the host (the caller moves them once).
+    Shapes: [B, P] long each, P = longest sequence."""
     P = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), P), dtype=torch.long)
+    ids = torch.full((len(seqs), P), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(seqs), P), dtype=torch.long, device="cpu")
     for i, s in enumerate(seqs):
         if s:
-            ids[i, P - len(s):] = torch.tensor(s, dtype=torch.long)
+            ids[i, P - len(s):] = torch.tensor(s, dtype=torch.long, device="cpu")
             mask[i, P - len(s):] = 1
     return ids, mask
 

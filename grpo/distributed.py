@@ -184,7 +184,9 @@ class Parallel:
         K = max(counts)
         if len(buckets) == K:
             return buckets
-        rows = torch.cat([b if isinstance(b, torch.Tensor) else torch.arange(b.start, b.stop) for b in buckets])
+        device = next((b.device for b in buckets if isinstance(b, torch.Tensor)), torch.device("cpu"))
+        rows = torch.cat([b if isinstance(b, torch.Tensor) else torch.arange(b.start, b.stop, device=device)
+                          for b in buckets])
         return list(torch.tensor_split(rows, K))
 
     def no_sync(self, last: bool):

@@ -8,6 +8,7 @@ import torch
 
 from grpo.data import tokenize_prompts
 from grpo.rewards import RewardFn, score
+from grpo.rewards.text import chat_completions
 from grpo.rollout import sample
 
 
@@ -19,7 +20,7 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
 
     temperature 0 = greedy decoding (the default), otherwise one sample per prompt.
     """
-    from grpo.experience import decode_completions  # the same decoding as in training
+    from grpo.experience import decode_completions, reward_columns  # the same decoding as in training
 
     device = next(model.parameters()).device
     rng = torch.Generator(device=device).manual_seed(seed)
@@ -32,7 +33,9 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
         gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=1, max_new_tokens=max_new_tokens,
                      temperature=temperature, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, generator=rng)
-        scored = score(rewards, None, batch.prompts, decode_completions(tokenizer, gen), batch.columns)
+        texts = decode_completions(tokenizer, gen)           # rewards see them as in training
+        scored = score(rewards, None, batch.prompts, chat_completions(batch.prompts, texts),
+                       reward_columns(batch.columns, gen))
         for k, name in enumerate(scored.names):
             col = scored.per_function[:, k]
             ok = ~torch.isnan(col)

@@ -24,6 +24,7 @@ from grpo.logprobs import completion_logprobs, fixed_logprobs
 from grpo.loss import KL_ESTIMATORS
 from grpo.rewards import score
 from grpo.rewards.process import score_steps
+from grpo.rewards.text import chat_completions
 from grpo.rollout import Generation, sample
 from grpo.rollout.batching import concat_generations, select_rows
 from grpo.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
@@ -39,7 +40,7 @@ class Groups:
     gen: Generation
     prompts: list[Any]                       # [N] prompt of each row, as reward functions see it
     columns: dict[str, list[Any]]            # [N] values of every other dataset column
-    completions: list[str]                   # [N] decoded completion texts
+    completions: list[str]                   # [N] decoded texts (rewards get them as chat_completions)
     per_function: torch.Tensor               # [N, R] rewards, NaN = None
     total: torch.Tensor                      # [N] combined reward (NaN = no reward at all)
     sample_s: float = 0.0                    # seconds spent sampling these completions
@@ -71,6 +72,17 @@ def decode_completions(tokenizer, gen: Generation) -> list[str]:
     return texts
 
 
+def completion_id_lists(gen: Generation) -> list[list[int]]:
+    """Each completion's token ids without padding (EOS kept), as TRL passes ``completion_ids``."""
+    return [[t for t, m in zip(ids, mask) if m]
+            for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
+
+
+def reward_columns(columns: dict[str, list], gen: Generation) -> dict[str, list]:
+    """The keyword columns of a reward call: the dataset columns plus ``completion_ids``."""
+    return {**columns, "completion_ids": completion_id_lists(gen)}
+
+
 def repeat_each(values: list, times: int) -> list:
     """[a, b] -> [a, a, b, b] for times = 2: per-prompt values to per-completion values."""
     return [v for v in values for _ in range(times)]
@@ -95,24 +107,26 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, rng, d
     completions = decode_completions(tokenizer, gen)
     per_prompt = repeat_each(prompts.prompts, k)
     columns = {name: repeat_each(values, k) for name, values in prompts.columns.items()}
-    completion_ids = [[t for t, m in zip(ids, mask) if m]                # as TRL: token ids per completion
-                      for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
-    scored = score(rewards, cfg.reward.weights, per_prompt, completions, {**columns, "completion_ids": completion_ids},
-                   on_error=cfg.reward.reward_errors)
-    weights = torch.tensor(cfg.reward.weights or [1.0] * len(rewards), dtype=torch.float32)
+    # as TRL: by keyword, chat prompts get [{"role": "assistant", "content": text}] completions
+    scored = score(rewards, cfg.reward.weights, per_prompt, chat_completions(per_prompt, completions),
+                   reward_columns(columns, gen), on_error=cfg.reward.reward_errors)
+    weights = torch.tensor(cfg.reward.weights or [1.0] * len(rewards), dtype=torch.float32,
+                           device=scored.per_function.device)                               # [R] host, as rewards
     total = REWARD_COMBINERS[algo.reward_combination](scored.per_function, weights, k, algo.advantage_eps)
     if algo.overlong_cache_fraction > 0:   # DAPO soft overlong punishment, added to the reward
         cache = max(1, round(algo.overlong_cache_fraction * ro.max_new_tokens))
-        total = total + soft_overlong_penalty(lengths_of(gen), ro.max_new_tokens, cache, algo.overlong_penalty_factor)
+        lengths = lengths_of(gen).to(total.device)                                       # [k*B] beside the rewards
+        total = total + soft_overlong_penalty(lengths, ro.max_new_tokens, cache, algo.overlong_penalty_factor)
     groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s, scored.errors)
     if algo.gfpo_sample_size:              # GFPO: keep G of the k samples of each prompt
-        groups = groups.select(gfpo_select(total, lengths_of(gen), k, ro.num_generations, algo.gfpo_metric))
+        lengths = lengths_of(gen).to(total.device)
+        groups = groups.select(gfpo_select(total, lengths, k, ro.num_generations, algo.gfpo_metric))
     return groups
 
 
 def group_rows(group_ids: list[int], G: int) -> torch.Tensor:
     """Row indices of whole groups.  [2, 0] with G = 2 -> [4, 5, 0, 1]."""
-    return torch.tensor([g * G + j for g in group_ids for j in range(G)], dtype=torch.long)
+    return torch.tensor([g * G + j for g in group_ids for j in range(G)], dtype=torch.long, device="cpu")
 
 
 def concat_groups(parts: list[Groups], pad_token_id: int) -> Groups:
@@ -151,7 +165,7 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
         errors.update(current.errors)
     informative_count = sum(p.total.numel() for p in kept) // G
     parts = kept + spare
-    groups = concat_groups(parts, tokenizer.pad_token_id).select(torch.arange(B * G))
+    groups = concat_groups(parts, tokenizer.pad_token_id).select(torch.arange(B * G, device="cpu"))
     groups.sample_s, groups.errors = sample_s, dict(errors)
     return groups, {"sampling/groups_drawn": float(drawn), "sampling/extra_rounds": float(tries),
                     "sampling/informative_groups": float(min(informative_count, B))}
@@ -177,7 +191,8 @@ def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg:
     token_texts = [[tokenizer.decode([t]) for t, m in zip(ids, mask) if m]
                    for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
     step_ids = token_step_ids(token_texts, cfg.reward.step_delimiter, width=gen.completion_ids.shape[1])
-    return process_advantages(step_rewards, step_ids, cfg.rollout.num_generations, cfg.algorithm.advantage_eps)
+    adv = process_advantages(step_rewards, step_ids, cfg.rollout.num_generations, cfg.algorithm.advantage_eps)
+    return adv.to(gen.completion_mask.device)                                  # host-side step table -> the batch
 
 
 def make_experience(model, tokenizer, stream: PromptStream, rewards, step_rewards, reference, cfg: Config,
@@ -207,10 +222,10 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
         adv = ADVANTAGE_ESTIMATORS[algo.advantage_estimator](total, G, algo.advantage_eps, algo.scale_rewards)
     else:
         adv = Advantages(torch.zeros_like(total), 0, total.numel() // G)
-    values = adv.values                                                                  # [N]
+    values = adv.values.to(input_ids.device)                   # [N] host-side rewards -> the batch's device
     if step_rewards:
-        steps = score_steps(step_rewards, groups.prompts, groups.completions, groups.columns,
-                            cfg.reward.step_delimiter)
+        steps = score_steps(step_rewards, groups.prompts, chat_completions(groups.prompts, groups.completions),
+                            reward_columns(groups.columns, gen), cfg.reward.step_delimiter)
         values = values.unsqueeze(1) * mask + process_token_advantages(tokenizer, groups, steps, cfg)  # [N, T]
     if algo.overlong_filter:                             # DAPO: truncated completions leave the loss
         mask = mask * overlong_keep(gen.truncated).unsqueeze(1)

@@ -8,8 +8,9 @@ oneDNN matmul that ships inside the same PyTorch uses AVX-512 there and, measure
 :func:`use_cpu_matmul` switches every ``nn.Linear`` of a model (LoRA adapters and the tied LM head
 included) to :class:`DnnLinear`, whose forward is :func:`linear`: y = x W^T + b through oneDNN,
 with a backward that also runs through oneDNN (dX = dY W, dW = dY^T X, db = sum dY). Anything that
-is not a float32 CPU tensor (CUDA, bfloat16, float64, DTensor shards) takes ``F.linear`` unchanged,
-so a switched model stays device-agnostic. ``auto`` switches only models at least
+is not a float32 CPU tensor (CUDA, bfloat16, float64, DTensor shards), and every call under CPU
+autocast (`train.precision` bf16 / fp16), takes ``F.linear`` unchanged, so a switched model stays
+device-agnostic and autocast sees every product. ``auto`` switches only models at least
 :data:`AUTO_MIN_WIDTH` wide, and only when a short calibration on this machine shows oneDNN
 >= 1.25x faster than ``aten::mm``.
 """
@@ -79,9 +80,12 @@ class _DnnLinearFn(torch.autograd.Function):
 
 
 def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """float32 plain tensors on the CPU (not CUDA, not a DTensor shard, not another dtype)."""
+    """float32 plain tensors on the CPU (not CUDA, not a DTensor shard, not another dtype), outside CPU
+    autocast: ``torch.ops.mkldnn`` is below autocast's dispatch, so under ``train.precision`` bf16 / fp16
+    the product must go through ``F.linear``, which autocast casts (its bfloat16 GEMM is oneDNN's too)."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and type(weight) in (torch.Tensor, torch.nn.Parameter) and x.shape[-1] > 0 and x.numel() > 0)
+            and type(weight) in (torch.Tensor, torch.nn.Parameter) and x.shape[-1] > 0 and x.numel() > 0
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -110,8 +114,9 @@ def onednn_works() -> bool:
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     try:
-        g = torch.Generator().manual_seed(0)
-        x, w, b = torch.randn(5, 7, generator=g), torch.randn(3, 7, generator=g), torch.randn(3, generator=g)
+        g = torch.Generator(device="cpu").manual_seed(0)   # a CPU calibration, whatever the default device
+        x, w, b = (torch.randn(5, 7, generator=g, device="cpu"), torch.randn(3, 7, generator=g, device="cpu"),
+                   torch.randn(3, generator=g, device="cpu"))
         return bool(torch.allclose(_dnn(x, w, b), F.linear(x, w, b), atol=1e-5))
     except RuntimeError:
         return False
@@ -121,8 +126,8 @@ def onednn_works() -> bool:
 def onednn_speedup(threads: int) -> float:
     """Time ratio aten::mm / oneDNN on a [256, 1024] x [1024, 1024] product at `threads` threads
     (best of 5 each, alternated; ~40 ms)."""
-    g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(256, 1024, generator=g), torch.randn(1024, 1024, generator=g)
+    g = torch.Generator(device="cpu").manual_seed(0)       # a CPU calibration, whatever the default device
+    x, w = torch.randn(256, 1024, generator=g, device="cpu"), torch.randn(1024, 1024, generator=g, device="cpu")
     best = {"aten": float("inf"), "dnn": float("inf")}
     for _ in range(5):
         for name, fn in (("aten", F.linear), ("dnn", _dnn)):

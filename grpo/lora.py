@@ -56,16 +56,20 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, base_path: str | Path | 
 
     At initialisation B = 0, so the wrapped model computes exactly the base model's function.
     ``base_path`` (default: ``model.name_or_path``) is recorded as the adapter's base model.
+    The adapter weights are created on the model's device, whatever torch's default device is.
     Raises ``ValueError`` (one line) when no module matches ``cfg.target_modules``.
     """
     from peft import get_peft_model
     from transformers.pytorch_utils import Conv1D
 
+    from grpo.runtime import model_device
+
     if is_lora(model):
         raise ValueError("the model already has LoRA adapters")
     conv1d = any(isinstance(m, Conv1D) for m in model.modules())
     try:
-        peft_model = get_peft_model(model, peft_lora_config(cfg, fan_in_fan_out=conv1d))
+        with torch.device(model_device(model)):          # peft makes the A/B layers on the default device
+            peft_model = get_peft_model(model, peft_lora_config(cfg, fan_in_fan_out=conv1d))
     except ValueError as e:  # e.g. target modules not found in the model
         raise ValueError(f"lora.target_modules {list(cfg.target_modules)}: {str(e).splitlines()[0]}") from None
     if base_path is not None:

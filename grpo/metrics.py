@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from grpo.config import Config
+from grpo.tracking import close_trackers, open_trackers, tracker_scalars
 from grpo.types import Scored
 
 
@@ -60,7 +62,8 @@ def step_metrics(step: int, exp, u: dict[str, float], times: dict[str, float], p
 
 
 class MetricsLogger:
-    """Appends one JSON object per step to a file and drives an optional tqdm progress bar.
+    """Appends one JSON object per step to a file, drives an optional tqdm progress bar and hands each
+    record's numbers to the trackers of `config.log.report_to` (grpo/tracking.py).
 
     `initial` is the number of steps already done (a resumed run; see truncate_metrics).
     """
@@ -68,9 +71,15 @@ class MetricsLogger:
     HEADLINE = (("reward/total/mean", "reward"), ("reward/accuracy/mean", "acc"),
                 ("completion/length_mean", "len"), ("kl/mean", "kl"))
 
-    def __init__(self, path: Path, total_steps: int, progress_bar: bool = True, initial: int = 0):
+    def __init__(self, path: Path, total_steps: int, progress_bar: bool = True, initial: int = 0,
+                 config: Config | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = path.open("a")
+        try:
+            self.trackers = open_trackers(config, first_step=initial + 1) if config is not None else []
+        except BaseException:
+            self.fh.close()
+            raise
         self.bar = None
         if progress_bar:
             from tqdm.auto import tqdm
@@ -91,6 +100,10 @@ class MetricsLogger:
     def log(self, metrics: dict[str, Any]) -> None:
         self.fh.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
         self.fh.flush()
+        if self.trackers:
+            scalars = tracker_scalars(metrics)                             # the same numbers for every tracker
+            for tracker in self.trackers:
+                tracker.log(metrics["step"], scalars)
         if self.bar is not None:
             shown = {label: f"{metrics[k]:.3g}" for k, label in self.HEADLINE
                      if isinstance(metrics.get(k), float) and math.isfinite(metrics[k])}
@@ -103,6 +116,7 @@ class MetricsLogger:
         self.fh.close()
         if self.bar is not None:
             self.bar.close()
+        close_trackers(self.trackers)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -38,21 +38,23 @@ def build_batch(tokenizer, prompts: list[str], completions: list[str], add_eos: 
     eos = [tokenizer.eos_token_id] if add_eos else []
     sequences = [p + c + eos for p, c in zip(prompt_ids, completion_ids)]
     width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    labels = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long)
+    # built on the host (row by row); completion_loss moves them to the model's device
+    input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id, dtype=torch.long, device="cpu")
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long, device="cpu")
+    labels = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long, device="cpu")
     for row, (p, seq) in enumerate(zip(prompt_ids, sequences)):
-        input_ids[row, : len(seq)] = torch.tensor(seq)
+        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long, device="cpu")
         attention_mask[row, : len(seq)] = 1
-        labels[row, len(p) : len(seq)] = torch.tensor(seq[len(p) :])
+        labels[row, len(p) : len(seq)] = torch.tensor(seq[len(p) :], dtype=torch.long, device="cpu")
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 def completion_loss(model, batch: dict, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy over positions whose label is not ignored (``"mean"`` or ``"sum"``)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    device = next(model.parameters()).device
+    logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits
     shift_logits = logits[:, :-1].reshape(-1, logits.size(-1)).float()
-    shift_labels = batch["labels"][:, 1:].reshape(-1)
+    shift_labels = batch["labels"][:, 1:].reshape(-1).to(device)
     return F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
@@ -133,15 +135,15 @@ def run_sft(
         betas=(0.9, 0.98),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, steps))
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(rows), generator=generator).tolist()
+    generator = torch.Generator(device="cpu").manual_seed(seed)       # host-side: the data order
+    order = torch.randperm(len(rows), generator=generator, device="cpu").tolist()
     cursor, recent, first_loss = 0, [], None
     n_params = sum(p.numel() for p in model.parameters())
     log(f"sft: {size} model, {n_params:,} parameters, {len(rows)} examples, worked_fraction={worked_fraction}")
     start = time.perf_counter()
     for step in range(1, steps + 1):
         if cursor + batch_size > len(order):
-            order, cursor = torch.randperm(len(rows), generator=generator).tolist(), 0
+            order, cursor = torch.randperm(len(rows), generator=generator, device="cpu").tolist(), 0
         idx = order[cursor : cursor + batch_size]
         cursor += batch_size
         optimizer.zero_grad(set_to_none=True)

@@ -115,7 +115,7 @@ def kl_in_reward(rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, be
     Shape: rewards [N], kl [N, T], mask [N, T] -> [N]
     """
     penalty = torch.where(mask > 0, kl, 0).sum(dim=1)                          # [N]
-    return rewards - beta * penalty.to(rewards.dtype)
+    return rewards - beta * penalty.to(rewards)                                # rewards' dtype and device
 
 # ---------------------------------------------------------------- top-rho entropy tokens
 
@@ -152,7 +152,7 @@ def token_step_ids(token_texts: list[list[str]], delimiter: str, width: int | No
     if not delimiter:
         raise ValueError("token_step_ids: the delimiter must be a non-empty string")
     T = max((len(t) for t in token_texts), default=0) if width is None else width
-    out = torch.full((len(token_texts), T), -1, dtype=torch.long)
+    out = torch.full((len(token_texts), T), -1, dtype=torch.long, device="cpu")   # host-side, from texts
     for i, texts in enumerate(token_texts):
         if len(texts) > T:
             raise ValueError(f"token_step_ids: completion {i} has {len(texts)} tokens, more than width {T}")
@@ -191,7 +191,7 @@ def process_advantages(step_rewards: list[list[float]], step_ids: torch.Tensor, 
         return torch.zeros(step_ids.shape, dtype=torch.float32, device=step_ids.device)  # no step reward
     table = torch.full((N, S), torch.nan, dtype=torch.float64, device=step_ids.device)  # [N, S], NaN = none
     for i, rs in enumerate(step_rewards):
-        table[i, :len(rs)] = torch.tensor(rs, dtype=torch.float64)
+        table[i, :len(rs)] = torch.tensor(rs, dtype=torch.float64, device=table.device)
     normed = group_normalise(table.view(-1, group_size * S), eps).view(N, S)  # stats over the whole group
     suffix = normed.flip(1).cumsum(1).flip(1)                                 # [N, S] sum over steps >= j
     suffix = torch.cat([suffix, suffix.new_zeros(N, 1)], dim=1)               # column S: "no step" -> 0

@@ -33,6 +33,7 @@ from grpo.data import PromptStream, load_prompts
 from grpo.experience import make_experience
 from grpo.guards import BadSteps, deterministic_mode, prepare_output_dir
 from grpo.metrics import step_metrics
+from grpo.precision import autocast
 from grpo.reference import build_reference
 from grpo.resume import TrainState, begin_run, check_resumable, find_checkpoint, restore
 from grpo.signals import GracefulStop, fault_point
@@ -144,16 +145,18 @@ def _run(job: Job, world) -> TrainResult:
         checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
         budget = runtime.micro_batch_tokens(model)             # tokens per forward/backward pass
         record: dict[str, Any] = {}
-        logger = world.logger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done)
+        logger = world.logger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done, config=cfg)
         with logger, GracefulStop() as stop:
             for step in range(first, tc.max_steps + 1):
                 runtime.reset_memory_stats()
                 t0 = time.perf_counter()
-                exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards, state.reference,
-                                      run_cfg, state.rng, runtime.device, max_tokens=budget)
+                with autocast(runtime.device, tc.precision):     # train.precision: forward passes only
+                    exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
+                                          state.reference, run_cfg, state.rng, runtime.device, max_tokens=budget)
                 fault_point("rollout", step)
                 t1 = time.perf_counter()
-                stats = [update(state, exp.batch, cfg, step, world, budget) for _ in range(algo.num_iterations)]
+                with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/update.py)
+                    stats = [update(state, exp.batch, cfg, step, world, budget) for _ in range(algo.num_iterations)]
                 world.after_update(state)                      # FSDP2: new full weights into the rollout model
                 times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
                          "experience_s": t1 - t0}

@@ -15,6 +15,7 @@ import torch
 from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.loss import AGGREGATIONS, grpo_loss
+from grpo.precision import active_dtype, loss_scaler, paused
 from grpo.types import TrainBatch
 
 
@@ -136,7 +137,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                   algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
                   max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
                   gradient_checkpointing: bool | None = None, parallel=None,
-                  micro_batch_tokens: int = 0) -> UpdateStats:
+                  micro_batch_tokens: int = 0, scaler: torch.amp.GradScaler | None = None) -> UpdateStats:
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
@@ -150,8 +151,18 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     `parallel` (a grpo.distributed.Parallel, torchrun only; None = :class:`SingleProcess`): `model` is
     then its policy; the forward goes through DDP / FSDP2, the normaliser is global, the loss is scaled
     by the world size (the wrappers average gradients over ranks) and the statistics are summed over ranks.
+
+    Mixed precision (grpo.precision) is the caller's autocast: the forward passes and the loss run under
+    it, each backward outside it. Under float16 autocast the loss is scaled by `scaler` (None = the one
+    kept with the optimizer, :func:`grpo.precision.loss_scaler`) and the gradients unscaled before
+    clipping; a step whose gradients overflow is skipped like any non-finite step and halves the scale.
     """
     par = parallel or SingleProcess(model)
+    device = next(model.parameters()).device
+    amp = active_dtype(device)                                # None: no autocast (train.precision fp32)
+    scaler = (scaler or loss_scaler(optimizer, device)) if amp == torch.float16 else None
+    if amp is not None:
+        torch.clear_autocast_cache()                          # casts made under no_grad carry no graph
     if gradient_checkpointing is not None:
         set_gradient_checkpointing(model, gradient_checkpointing)
     model.train()
@@ -174,7 +185,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                               kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
                               importance_sampling_level=algo.importance_sampling_level,
                               clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef)
-            (terms.loss * par.world_size).backward()          # x1 in one process (exact); wrappers average
+            scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average
+            with paused(device):
+                (scaled if scaler is None else scaler.scale(scaled)).backward()
         loss += float(terms.loss.detach())
         policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
         clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
@@ -183,12 +196,18 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss = par.reduce(
         [loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss])   # over ranks
     params = [p for p in model.parameters() if p.requires_grad]
+    if scaler is not None:
+        scaler.unscale_(optimizer)                            # true gradients (inf/nan where they overflowed)
     grad_norm = par.clip_grad_norm(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)  # a non-finite step would poison the weights: drop it
     else:
         optimizer.step()
+    if scaler is not None:
+        scaler.update()                                       # overflow: halve the scale; else grow it slowly
+    if amp is not None:
+        torch.clear_autocast_cache()                          # the cached casts hold the old weights
     lr = optimizer.param_groups[0]["lr"]
     if not skipped:
         scheduler.step()

@@ -82,6 +82,37 @@ def test_decode_steps_match_full_forward(kind):
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
+@torch.no_grad()
+def test_decode_steps_under_bf16_autocast_match_hf_forward(kind):
+    """train.precision bf16: the lean decoder (its projections through oneDNN-switched linears) under
+    autocast == the Hugging Face full forward under autocast, within bfloat16 rounding: both differ
+    from float32 by about as much as from each other (~0.01 on logits of ~2)."""
+    from grpo.kernels import use_cpu_matmul
+
+    model = make_model(kind)
+    use_cpu_matmul(model, "onednn")
+    decoder = lean_decoder(model)
+    ids, mask = make_prompts()
+    G, steps = 2, 4
+    gen = torch.Generator().manual_seed(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, cache = prefill(model, ids, mask)  # [B, V]
+        state = decoder.start(cache, mask, G, steps)
+        seq, seq_mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)  # [N, P]
+        for _ in range(steps):
+            tokens = torch.randint(1, VOCAB, (seq.size(0),), generator=gen)  # [n]
+            seq = torch.cat([seq, tokens[:, None]], 1)
+            seq_mask = torch.cat([seq_mask, torch.ones_like(tokens)[:, None]], 1)
+            lean = decoder.step(state, tokens)  # [n, V]
+            hf = last_logits(model, seq, seq_mask)
+            with torch.autocast("cpu", enabled=False):
+                exact = last_logits(model, seq, seq_mask)  # float32
+            assert lean.dtype is torch.bfloat16  # the LM head ran in bfloat16
+            torch.testing.assert_close(lean.float(), hf, atol=0.06, rtol=0)
+            assert 0 < (lean.float() - exact).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 6, 0.9)])
 def test_lean_sampling_equals_hf_path(kind, temperature, top_k, top_p):
     model = make_model(kind)

@@ -1,8 +1,12 @@
 """The experience pipeline: sampling filters, KL in reward, process supervision, loss masks."""
 
+import json
+
+import pytest
 import torch
 
 import grpo.experience as experience
+from grpo.cli import main
 from grpo.config import build_config
 from grpo.data import PromptStream, load_prompts
 from grpo.experience import Groups, collect_groups, draw_groups, group_rows, make_experience
@@ -11,6 +15,7 @@ from grpo.models import build_model, build_tokenizer
 from grpo.reference import FrozenCopy
 from grpo.rewards import load_reward
 from grpo.rollout import Generation
+from tests.run_helpers import cli_argv
 
 BASE = {"train.prompts_per_step": 2, "rollout.num_generations": 4, "rollout.max_new_tokens": 6,
         "data.num_train_prompts": 20, "log.progress_bar": False}
@@ -139,3 +144,80 @@ def test_top_entropy_rho_keeps_a_fraction_of_tokens(tmp_path):
     kept = exp.batch.completion_mask.sum()
     assert kept == torch.ceil(0.25 * active.float())
     assert ((exp.batch.completion_mask == 1) <= (exp.groups.gen.completion_mask == 1)).all()
+
+
+# ---------------------------------------------------------------- rewards called by keyword, as TRL calls them
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def write_dataset(path, chat: bool):
+    """Six rows with a ``solution`` column; prompts as text or as one user message."""
+    rows = [{"prompt": [{"role": "user", "content": f"{a}+{a}="}] if chat else f"{a}+{a}=", "solution": str(2 * a)}
+            for a in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_draw_groups_calls_rewards_by_keyword_with_messages_for_chat_prompts(tmp_path):
+    cfg = build_config(overrides={**BASE, "data.dataset": str(write_dataset(tmp_path / "chat.jsonl", chat=True)),
+                                  "reward.functions": ["format"], "rollout.num_generations": 3})
+    tok = build_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    model = build_model(tok, "micro", seed=0)
+    rows = load_prompts(cfg.data, 0, tok).rows[:2]
+    seen = {}
+
+    def accuracy_reward(completions, solution, **kwargs):         # TRL's signature
+        seen.update(kwargs, completions=completions, solution=solution)
+        return [float(s in completion[0]["content"]) for completion, s in zip(completions, solution)]
+
+    groups = draw_groups(model, tok, rows, [("acc", accuracy_reward)], cfg, torch.Generator().manual_seed(0), "cpu")
+    assert seen["completions"] == [[{"role": "assistant", "content": text}] for text in groups.completions]
+    assert all(isinstance(text, str) for text in groups.completions)             # the texts stay texts
+    assert seen["solution"] == [rows[0]["solution"]] * 3 + [rows[1]["solution"]] * 3
+    assert seen["prompts"] == groups.prompts == [rows[0]["prompt"]] * 3 + [rows[1]["prompt"]] * 3
+    mask, ids = groups.gen.completion_mask, groups.gen.completion_ids
+    assert seen["completion_ids"] == [ids[i][mask[i] == 1].tolist() for i in range(6)]
+    assert groups.per_function[:, 0].tolist() == [float(s in t) for t, s in zip(groups.completions, seen["solution"])]
+
+
+TRL_REWARDS = '''
+import asyncio
+
+def accuracy_reward(completions, solution, **kwargs):
+    return [float(sum(ch.isdigit() for ch in c)) + float(s in c) for c, s in zip(completions, solution)]
+
+def chat_digits(completions, **kwargs):
+    return [float(sum(ch.isdigit() for ch in completion[0]["content"])) for completion in completions]
+
+def token_count(completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+
+async def is_chat(prompts, **kwargs):
+    await asyncio.sleep(0)
+    return [float(isinstance(p, list)) for p in prompts]
+'''
+
+
+@pytest.mark.parametrize("chat,functions", [(False, ["accuracy_reward", "token_count", "is_chat"]),
+                                            (True, ["chat_digits", "token_count", "is_chat"])])
+def test_grpo_train_with_trl_reward_functions(tmp_path, chat, functions):
+    tok = build_tokenizer()
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    model_dir = tmp_path / "model"
+    build_model(tok, "micro", seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
+    flat = {"model.path": str(model_dir), "data.dataset": str(write_dataset(tmp_path / "data.jsonl", chat)),
+            "reward.functions": [f"{tmp_path / 'trl_rewards.py'}:{name}" for name in functions],
+            "train.output_dir": str(tmp_path / "out"), "train.max_steps": 1, "train.prompts_per_step": 2,
+            "train.num_threads": 1, "train.save_final": False, "rollout.num_generations": 3,
+            "rollout.max_new_tokens": 4, "log.progress_bar": False}
+    assert main(cli_argv(flat)) == 0
+    record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["reward/is_chat/mean"] == float(chat)
+    assert record["reward/token_count/mean"] == record["completion/length_mean"]   # completion_ids: EOS included
+    assert record[f"reward/{functions[0]}/none_frac"] == 0.0

@@ -77,6 +77,21 @@ def test_ineligible_inputs_take_f_linear_exactly():
     assert torch.equal(linear(x, w, b), F.linear(x, w, b))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_takes_f_linear_so_the_product_is_cast(dtype):
+    """Under CPU autocast (train.precision bf16 / fp16) oneDNN's float32 call would bypass the cast:
+    linear() must give exactly autocast's F.linear, with float32 gradients for the float32 weights."""
+    x, w, b = tensors()
+    with torch.autocast("cpu", dtype=dtype):
+        y = linear(x, w, b)
+        expected = F.linear(x, w, b)
+    assert y.dtype is dtype and torch.equal(y, expected)
+    assert (y.float() - F.linear(x, w, b)).abs().max() > 0                   # not the float32 product
+    y.float().sum().backward()
+    assert w.grad.dtype is torch.float32 and x.grad.dtype is torch.float32
+    assert torch.allclose(w.grad, torch.ones(3 * 5, 16).T @ x.detach().reshape(-1, 24), rtol=2e-2, atol=2e-2)
+
+
 def test_switching_a_model_keeps_its_outputs_and_training_step():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

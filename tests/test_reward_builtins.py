@@ -3,11 +3,11 @@ import threading
 
 import pytest
 
-from grpo.rewards import BUILTIN_REWARDS, RewardError, load_reward
+from grpo.rewards import BUILTIN_REWARDS, RewardError, load_reward, score
 from grpo.rewards.language import language_consistency, make_language_consistency, target_script, words
 from grpo.rewards.math_answer import answers_match, final_answer, math_accuracy
 from grpo.rewards.shaping import make_cosine_length, make_repetition_penalty, make_soft_overlong, repetition_penalty
-from grpo.rewards.text import reasoning_text, tag_count, think_format
+from grpo.rewards.text import chat_completions, reasoning_text, tag_count, think_format
 
 # ---------------------------------------------------------------- math_accuracy
 
@@ -250,3 +250,39 @@ def test_parameterised_builtins(spec, completion, columns, expected):
 def test_parameter_errors(spec, message):
     with pytest.raises(RewardError, match=message):
         load_reward(spec)
+
+# ---------------------------------------------------------------- called by keyword, conversational completions
+
+CHAT_PROMPT = [{"role": "user", "content": "What is 1 + 1?"}]
+TEXTS = ["<think>two is two</think><answer>2</answer>", "```python\nprint(2)\n```"]
+COLUMNS = {"answer": ["2", "2"], "tests": [[{"input": "", "output": "2"}]] * 2, "completion_ids": [[7] * 3] * 2}
+#: Every built-in's values on TEXTS with COLUMNS.
+KEYWORD_CASES = [
+    ("accuracy", [1.0, 0.0]), ("format", [1.0, 0.0]), ("math_accuracy", [1.0, 0.0]), ("think_format", [1.0, 0.0]),
+    ("tag_count", [1.0, 0.0]),
+    # L = 3 of 1000 tokens: correct 0.5 + 0.25 (1 + cos(0.003 pi)), wrong -0.25 (1 + cos(0.003 pi))
+    ("cosine_length", [0.5 + 0.25 * (1 + math.cos(0.003 * math.pi)), -0.25 * (1 + math.cos(0.003 * math.pi))]),
+    ("repetition_penalty", [0.0, 0.0]),                  # three words each: one distinct 3-gram
+    ("soft_overlong", [0.0, 0.0]),                       # 3 tokens, far below 1000 - 200
+    ("language_consistency", [1.0, 1.0]),                # "two is two"; "python", "print" (Latin)
+    ("code_execution", [0.0, 1.0]),                      # no code; prints 2
+]
+
+
+def test_every_builtin_has_a_keyword_case():
+    assert {name for name, _ in KEYWORD_CASES} == set(BUILTIN_REWARDS)
+
+
+@pytest.mark.parametrize("name,expected", KEYWORD_CASES)
+def test_builtins_score_text_and_conversational_completions_alike(name, expected):
+    fns = [load_reward(name)]
+    chat_prompts = [CHAT_PROMPT] * 2
+    as_chat = score(fns, None, chat_prompts, chat_completions(chat_prompts, TEXTS), COLUMNS)   # called by keyword
+    as_text = score(fns, None, ["What is 1 + 1?"] * 2, TEXTS, COLUMNS)
+    assert as_chat.total.tolist() == pytest.approx(expected) and as_text.total.tolist() == pytest.approx(expected)
+
+
+def test_chat_completions_wrap_texts_of_chat_prompts_only():
+    reply = [{"role": "assistant", "content": "c"}]
+    assert chat_completions([CHAT_PROMPT, "plain", CHAT_PROMPT], ["a", "b", reply]) == [
+        [{"role": "assistant", "content": "a"}], "b", reply]

@@ -118,6 +118,16 @@ def test_reward_model_in_score(tmp_path):
     assert torch.allclose(scored.total, 0.5 * expected, atol=1e-5)
 
 
+def test_called_by_keyword_with_message_completions(tmp_path):
+    directory = save_rm(tmp_path / "rm")
+    _, fn = load_reward(str(directory))
+    messages = [[{"role": "assistant", "content": c}] for c in COMPLETIONS[:2]]
+    chat = fn(prompts=CHAT_PROMPTS[:2], completions=messages, completion_ids=[[1], [2]], answer=["3", "60"])
+    assert chat == pytest.approx(fn(CHAT_PROMPTS[:2], COMPLETIONS[:2]), abs=1e-5)
+    text = fn(prompts=TEXT_PROMPTS[:1], completions=messages[:1])   # after a text prompt: the message's content
+    assert text == pytest.approx([manual_score(directory, TEXT_PROMPTS[0] + COMPLETIONS[0])], abs=1e-5)
+
+
 def test_reward_model_errors(tmp_path):
     with pytest.raises(RewardError, match="num_labels=2"):
         load_reward(str(save_rm(tmp_path / "two-labels", num_labels=2)))

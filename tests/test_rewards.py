@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from grpo.rewards import RewardError, load_reward, score
-from grpo.rewards.builtin import accuracy_reward, format_reward
+from grpo.rewards.builtin import accuracy_reward as arithmetic_accuracy, format_reward
 
 
 def test_builtin_accuracy_and_format():
     comps = ["<think>1+2=3</think><answer>3</answer>", "<think></think><answer>4</answer>", "no tags 3"]
-    assert accuracy_reward(["p"] * 3, comps, answer=["3", "3", "3"]) == [1.0, 0.0, 0.0]
+    assert arithmetic_accuracy(["p"] * 3, comps, answer=["3", "3", "3"]) == [1.0, 0.0, 0.0]
     assert format_reward(["p"] * 3, comps) == [1.0, 1.0, 0.0]
-    assert accuracy_reward(["p"], ["x"]) == [None]  # no answer column: does not apply
+    assert arithmetic_accuracy(["p"], ["x"]) == [None]  # no answer column: does not apply
 
 
 def test_weighted_sum_with_none_and_per_function_columns():
@@ -44,6 +44,99 @@ def test_async_reward():
         return [float(len(c)) for c in completions]
 
     assert score([("fn", fn)], None, ["p"], ["abc"], {}).total.tolist() == [3.0]
+
+
+# Reward functions with TRL's exact signatures: they work only when called by keyword.
+HINT = ("reward functions are called by keyword as in TRL: fn(prompts=, completions=, completion_ids=, **columns); "
+        "add **kwargs")
+
+
+def accuracy_reward(completions, solution, **kwargs):
+    return [float(c.strip() == s) for c, s in zip(completions, solution)]
+
+
+def fmt(completions, **kw):
+    return [0.5 if c.startswith("<") else 0.0 for c in completions]
+
+
+def inverse_length(completion_ids, **kwargs):
+    return [1.0 / len(ids) for ids in completion_ids]
+
+
+async def judge(prompts, completions, **kwargs):
+    await asyncio.sleep(0)
+    return [float(p in c) for p, c in zip(prompts, completions)]
+
+
+def test_trl_signatures_are_called_by_keyword():
+    fns = [("acc", accuracy_reward), ("fmt", fmt), ("short", inverse_length), ("judge", judge)]
+    s = score(fns, None, ["2+2", "3+3"], ["4", "<b> 3+3 6"],
+              {"solution": ["4", "7"], "completion_ids": [[5, 6], [1, 2, 3, 4]], "level": [1, 2]})
+    # acc 1, 0; fmt 0, 0.5; short 1/2, 1/4; judge: "2+2" not in "4" -> 0, "3+3" in "<b> 3+3 6" -> 1
+    assert s.per_function.tolist() == [[1.0, 0.0, 0.5, 0.0], [0.0, 0.5, 0.25, 1.0]]
+    assert s.total.tolist() == [1.5, 1.75]
+
+
+def first_message_length(completions, **kwargs):
+    return [float(len(completion[0]["content"])) for completion in completions]
+
+
+def test_conversational_completions_reach_the_function_as_messages():
+    prompts = [[{"role": "user", "content": "hi"}]] * 2
+    completions = [[{"role": "assistant", "content": "abc"}], [{"role": "assistant", "content": "de"}]]
+    assert score([("n", first_message_length)], None, prompts, completions, {}).total.tolist() == [3.0, 2.0]
+
+
+def strict(completions, solution):          # no **kwargs: the other keywords do not fit
+    return [1.0] * len(completions)
+
+
+def needs_answer(completions, answer, **kwargs):
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "zero"])
+@pytest.mark.parametrize("fn,problem", [
+    (strict, "got an unexpected keyword argument 'prompts' (called with prompts, completions, solution)"),
+    (needs_answer, "missing a required argument: 'answer' (called with prompts, completions, solution)"),
+])
+def test_a_function_that_cannot_take_its_arguments_is_a_one_line_error(on_error, fn, problem):
+    with pytest.raises(RewardError) as info:       # in both modes: it would fail on every batch
+        score([(fn.__name__, fn)], None, ["p", "q"], ["a", "b"], {"solution": ["1", "2"]}, on_error=on_error)
+    assert (str(info.value), info.value.index) == (f"reward function '{fn.__name__}' cannot take its arguments: "
+                                                   f"{problem}; {HINT}", None)
+
+
+def old_style(prompts, completions, **kw):
+    return [1.0] * len(completions)
+
+
+def positional_wrapper(*args, **kwargs):           # e.g. a decorator passing prompts on positionally
+    return old_style(kwargs["prompts"], **kwargs)
+
+
+def test_a_call_error_inside_the_function_gets_the_hint():
+    with pytest.raises(RewardError) as info:
+        score([("w", positional_wrapper)], None, ["p", "q"], ["a", "b"], {})
+    assert str(info.value) == ("reward function 'w' raised TypeError: old_style() got multiple values for argument "
+                               f"'prompts' for completion 0 ('a'); {HINT} (and 1 more completions)")
+
+
+def test_a_column_named_like_an_argument_is_an_error():
+    with pytest.raises(RewardError, match="a column is named 'completions', like a reward function argument"):
+        score([("fmt", fmt)], None, ["p"], ["a"], {"completions": ["x"]})
+
+
+def test_step_rewards_are_called_by_keyword_on_the_completion_text():
+    from grpo.rewards.process import score_steps
+
+    def step_lengths(steps, completions, **kwargs):     # TRL style: only the arguments it needs
+        assert completions[0] == [{"role": "assistant", "content": "ab\nc"}]
+        return [[float(len(s)) for s in st] for st in steps]
+
+    prompts = [[{"role": "user", "content": "q"}]]
+    out = score_steps([("n", step_lengths)], prompts, [[{"role": "assistant", "content": "ab\nc"}]], {}, "\n")
+    assert out == [[3.0, 1.0]]                           # steps "ab\n" and "c"
 
 
 @pytest.mark.parametrize("ret,message", [
@@ -78,7 +171,7 @@ def test_load_reward_from_file(tmp_path):
         load_reward(f"{tmp_path / 'broken.py'}:f")
     with pytest.raises(RewardError, match="unknown reward 'accuracyy'"):
         load_reward("accuracyy")
-    assert load_reward("accuracy")[1] is accuracy_reward
+    assert load_reward("accuracy")[1] is arithmetic_accuracy
 
 
 def test_all_none_rows_get_nan_total():
@@ -141,18 +234,19 @@ async def async_fails_on_bad(prompts, completions, **kw):
                             "('a bad one') (and 1 more completions)"),
     (fails_on_batches, None, "reward function 'f' raised RuntimeError: batch too large on the batch of 3 "
                              "completions, but no single completion fails alone"),
-    (lambda p, c, **kw: [1.0, float("nan"), 1.0], 1, "reward function 'f' returned nan: expected a finite number "
+    (lambda **kw: [1.0, float("nan"), 1.0], 1, "reward function 'f' returned nan: expected a finite number "
                                                      "or None for completion 1 ('a bad one')"),
-    (lambda p, c, **kw: [1.0, 1.0, float("-inf")], 2, "reward function 'f' returned -inf: expected a finite number "
+    (lambda **kw: [1.0, 1.0, float("-inf")], 2, "reward function 'f' returned -inf: expected a finite number "
                                                       "or None for completion 2 ('bad too')"),
-    (lambda p, c, **kw: [1.0, "2", 1.0], 1, "reward function 'f' returned '2': expected a finite number or None for "
+    (lambda **kw: [1.0, "2", 1.0], 1, "reward function 'f' returned '2': expected a finite number or None for "
                                             "completion 1 ('a bad one')"),
-    (lambda p, c, **kw: [1.0], None, "reward function 'f' must return one value per completion (3), got 1"),
-    (lambda p, c, **kw: None, None, "reward function 'f' must return one value per completion (3), got None"),
+    (lambda **kw: [1.0], None, "reward function 'f' must return one value per completion (3), got 1"),
+    (lambda **kw: None, None, "reward function 'f' must return one value per completion (3), got None"),
 ])
 def test_errors_name_the_function_and_the_completion(fn, index, message):
     with pytest.raises(RewardError) as info:
-        score([("ok", lambda p, c, **kw: [0.0] * len(c)), ("f", fn)], None, ["p"] * 3, ["good", "a bad one", "bad too"], {})
+        score([("ok", lambda **kw: [0.0] * len(kw["completions"])), ("f", fn)], None, ["p"] * 3,
+              ["good", "a bad one", "bad too"], {})
     assert (str(info.value), info.value.index) == (message, index)
 
 
@@ -160,12 +254,12 @@ def test_errors_name_the_function_and_the_completion(fn, index, message):
     (fails_on_bad, [1.0, 0.0, 0.0], 2),                                   # failing completions -> 0, others kept
     (async_fails_on_bad, [1.0, 0.0, 0.0], 2),
     (fails_on_batches, [0.0, 0.0, 0.0], 3),                               # a batch-level failure zeroes the batch
-    (lambda p, c, **kw: [None, float("inf"), 0.5], [math.nan, 0.0, 0.5], 1),
-    (lambda p, c, **kw: [1.0], [0.0, 0.0, 0.0], 3),
+    (lambda **kw: [None, float("inf"), 0.5], [math.nan, 0.0, 0.5], 1),
+    (lambda **kw: [1.0], [0.0, 0.0, 0.0], 3),
 ])
 def test_reward_errors_zero(fn, values, errors):
-    s = score([("ok", lambda p, c, **kw: [1.0] * len(c)), ("f", fn)], None, ["p"] * 3, ["good", "a bad one", "bad too"],
-              {}, on_error="zero")
+    s = score([("ok", lambda **kw: [1.0] * len(kw["completions"])), ("f", fn)], None, ["p"] * 3,
+              ["good", "a bad one", "bad too"], {}, on_error="zero")
     assert s.per_function[:, 1].tolist() == pytest.approx(values, nan_ok=True)
     assert s.errors == {"ok": 0, "f": errors}
 
@@ -214,6 +308,6 @@ def test_reward_errors_config_key():
 def test_metrics_ignore_rows_without_any_reward():
     from grpo.metrics import reward_metrics
 
-    s = score([("f", lambda p, c, **kw: [None, 1.0, 3.0])], None, ["p"] * 3, ["a", "b", "c"], {})
+    s = score([("f", lambda **kw: [None, 1.0, 3.0])], None, ["p"] * 3, ["a", "b", "c"], {})
     m = reward_metrics(s)
     assert (m["reward/total/mean"], m["reward/f/mean"], m["reward/f/none_frac"]) == (2.0, 2.0, pytest.approx(1 / 3))

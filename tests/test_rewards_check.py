@@ -130,3 +130,51 @@ def test_inline_rows_need_no_dataset(files, capsys):
         {"prompt": "x", "answer": "2", "completion": [{"role": "assistant", "content": "<answer>3</answer>"}]}])
     assert main(["rewards", "check", "--completions", path, "--reward", "math_accuracy"]) == 0
     assert table(capsys.readouterr().out)["math_accuracy"] == ["0.5000", "0.0%", "0", "2"]
+
+
+TRL_REWARDS_PY = '''
+import asyncio
+
+def accuracy_reward(completions, solution, **kwargs):          # TRL's signature, conversational data
+    return [float(completion[0]["content"].strip() == s) for completion, s in zip(completions, solution)]
+
+def fmt(completions, **kw):
+    return [0.5 if completion[0]["content"].startswith("<") else 0.0 for completion in completions]
+
+async def judge(prompts, completions, **kwargs):
+    await asyncio.sleep(0)
+    return [float(p[-1]["role"] == "user") for p in prompts]
+
+def strict(completions, solution):
+    return [1.0] * len(completions)
+'''
+
+
+@pytest.fixture
+def trl_files(tmp_path):
+    (tmp_path / "trl.py").write_text(TRL_REWARDS_PY)
+    user = [{"role": "user", "content": "1+1?"}]
+    rows = [{"prompt": user, "solution": "2", "completion": "2"},
+            {"prompt": user, "solution": "2", "completion": "<b>3"},
+            {"prompt": user, "solution": "4", "completion": [{"role": "assistant", "content": " 4 "}]}]
+    return str(tmp_path / "trl.py"), write_jsonl(tmp_path / "chat.jsonl", rows)
+
+
+def test_trl_signatures_and_conversational_completions(trl_files, capsys):
+    rewards, completions = trl_files
+    assert main(["rewards", "check", "--completions", completions, "--reward", f"{rewards}:accuracy_reward",
+                 "--reward", f"{rewards}:fmt", "--reward", f"{rewards}:judge"]) == 0
+    rows = table(capsys.readouterr().out)
+    assert rows["accuracy_reward"] == ["0.6667", "0.0%", "0", "3"]    # 1, 0, 1: text completions became messages
+    assert rows["fmt"] == ["0.1667", "0.0%", "0", "3"]                # 0, 0.5, 0
+    assert rows["judge"] == ["1.0000", "0.0%", "0", "3"]
+    assert rows["total"] == ["1.8333", "0.0%", "0", "3"]              # (2 + 1.5 + 2) / 3
+
+
+def test_a_function_that_cannot_take_its_arguments_names_itself(trl_files, capsys):
+    rewards, completions = trl_files
+    assert main(["rewards", "check", "--completions", completions, "--reward", f"{rewards}:strict"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {completions}: reward function 'strict' cannot take its arguments: got an unexpected keyword "
+        "argument 'prompts' (called with prompts, completions, solution); reward functions are called by keyword "
+        "as in TRL: fn(prompts=, completions=, completion_ids=, **columns); add **kwargs\n")

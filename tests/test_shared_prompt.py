@@ -78,6 +78,25 @@ def test_shared_prompt_forward_equals_plain_values_and_gradients(make, monkeypat
     assert (shared[0][mask[:, P:] == 0] == 0).all()
 
 
+def test_shared_prompt_under_bf16_autocast_matches_plain_forward(monkeypatch):
+    """train.precision bf16: the shared-prompt forward (a cached prompt pass then the completions) and the
+    plain forward, both under autocast, give float32 log-probs equal within bfloat16 rounding and
+    gradients that point the same way."""
+    model = tiny_qwen2(VOCAB)
+    ids, mask = group_batch()
+    calls = backbone_calls(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        shared = logps_and_grads(model, ids, mask, True, monkeypatch)
+        plain = logps_and_grads(model, ids, mask, False, monkeypatch)
+    assert len(calls) == 3                                   # 2 shared calls, then 1 plain one
+    exact = logps_and_grads(model, ids, mask, False, monkeypatch)
+    assert shared[0].dtype is torch.float32
+    torch.testing.assert_close(shared[0], plain[0], atol=0.02, rtol=0)
+    assert 0 < (shared[0] - exact[0]).abs().max() < 0.05                    # bf16 did run, and stays close
+    flat = [torch.cat([g[n].flatten() for n in sorted(plain[2])]) for g in (shared[2], plain[2])]
+    assert torch.nn.functional.cosine_similarity(*flat, dim=0) > 0.999
+
+
 def test_reference_pass_shares_prompts_in_every_micro_batch(monkeypatch):
     model = tiny_qwen2(VOCAB)
     ids, mask = group_batch(groups=3)

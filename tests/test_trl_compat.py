@@ -48,6 +48,9 @@ CASES = [
     ({"save_total_limit": None}, {"train.save_total_limit": 0}),
     ({"gradient_checkpointing": True}, {"train.gradient_checkpointing": True}),
     ({"disable_tqdm": True}, {"log.progress_bar": False}),
+    ({"report_to": "tensorboard"}, {"log.report_to": ["tensorboard"]}),
+    ({"report_to": "none"}, {"log.report_to": []}),
+    ({"run_name": "exp1"}, {"log.run_name": "exp1"}),
     # combined keys: 8 completions per device x 4 accumulation steps / 16 per group = 2 prompts per step
     ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "num_generations": 16},
      {"train.micro_batch_size": 8, "train.prompts_per_step": 2, "rollout.num_generations": 16}),

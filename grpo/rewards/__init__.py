@@ -1,15 +1,20 @@
 """Reward functions: the protocol, loading them by name, and scoring.
 
-A reward function has TRL's signature::
+A reward function is called by keyword, exactly as TRL's GRPOTrainer calls it::
 
-    fn(prompts: list, completions: list[str], **columns) -> list[float | None]
+    fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        -> list[float | None]
 
-one value per completion; every dataset column (e.g. ``answer``) is passed by name, one value per
-completion, and the trainer adds ``completion_ids`` (each completion's token ids, as TRL does).
-``None`` means "does not apply to this sample": it is left out of that function's mean and of the
-weighted sum; a completion for which every function returns None gets no reward (total NaN,
-advantage 0). ``async def`` functions are awaited concurrently (grpo/rewards/scoring.py, which
-also describes error handling and ``reward.reward_errors``).
+so a function written for TRL (``def accuracy(completions, solution, **kwargs)``) works unchanged;
+take ``**kwargs`` for the arguments you do not name. It returns one value per completion; every
+dataset column (e.g. ``answer``) is passed by name, one value per completion, and the trainer adds
+``completion_ids`` (each completion's token ids, as TRL does). A completion is a string, or for a
+conversational prompt (a list of chat messages) ``[{"role": "assistant", "content": text}]``.
+Step (process) reward functions get ``steps=`` too (grpo/rewards/process.py). ``None`` means
+"does not apply to this sample": it is left out of that function's mean and of the weighted sum;
+a completion for which every function returns None gets no reward (total NaN, advantage 0).
+``async def`` functions are awaited concurrently (grpo/rewards/scoring.py, which also describes
+error handling and ``reward.reward_errors``).
 
 A reward is named by a spec (``--reward`` / ``reward.functions``):
 

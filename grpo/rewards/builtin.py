@@ -1,4 +1,7 @@
-"""The registry of built-in rewards (TRL's reward signature), by name.
+"""The registry of built-in rewards (TRL's reward signature, called by keyword), by name.
+
+Every built-in takes ``prompts`` and ``completions`` (strings or lists of chat messages, read
+through grpo/rewards/text.py ``as_text``) and ignores the columns it does not use (``**_``).
 
 =====================  ==========================================================================
 accuracy, format       the embedded arithmetic task (integer ``<answer>``; its strict format)
@@ -22,7 +25,7 @@ from grpo.rewards.language import language_consistency, make_language_consistenc
 from grpo.rewards.math_answer import math_accuracy
 from grpo.rewards.shaping import (cosine_length, make_cosine_length, make_repetition_penalty, make_soft_overlong,
                                   repetition_penalty, soft_overlong)
-from grpo.rewards.text import tag_count, think_format
+from grpo.rewards.text import as_text, tag_count, think_format
 from grpo.tasks.arithmetic import format_ok, is_correct
 
 
@@ -30,12 +33,12 @@ def accuracy_reward(prompts: list, completions: list[str], answer: list | None =
     """1.0 when the `<answer>` equals the reference `answer` column, else 0.0 (None without one)."""
     if answer is None:
         return [None] * len(completions)
-    return [None if a is None else float(is_correct(c, str(a))) for c, a in zip(completions, answer)]
+    return [None if a is None else float(is_correct(as_text(c), str(a))) for c, a in zip(completions, answer)]
 
 
 def format_reward(prompts: list, completions: list[str], **_: object) -> list[float | None]:
     """1.0 for a strict `<think>...</think><answer>...</answer>` completion, else 0.0."""
-    return [float(format_ok(c)) for c in completions]
+    return [float(format_ok(as_text(c))) for c in completions]
 
 
 def code_execution(prompts: list, completions: list, **columns: object) -> list:
@@ -43,7 +46,7 @@ def code_execution(prompts: list, completions: list, **columns: object) -> list:
     (imported on first use)."""
     from grpo.rewards.code import code_execution as run
 
-    return run(prompts, completions, **columns)
+    return run(prompts=prompts, completions=completions, **columns)
 
 
 BUILTIN_REWARDS = {

@@ -3,7 +3,8 @@
 The file format is in ``grpo rewards check --help`` (grpo/cli.py CHECK_DESCRIPTION): per line a
 ``completion``, and a ``prompt`` with columns inline and/or an ``index`` into the dataset
 (data.dataset, with data.column_map / data.prompt_column applied), whose row is joined in. All
-completions are scored in one call, with reward.weights and reward.reward_errors of the config.
+completions are scored in one call, by keyword as in training (``fn(prompts=, completions=,
+**columns)``), with reward.weights and reward.reward_errors of the config.
 Errors name ``file:LINE``.
 """
 
@@ -19,6 +20,7 @@ import torch
 from grpo.config import Config, build_config, load_yaml
 from grpo.datasets_io import DataError, read_dataset, scan_jsonl
 from grpo.rewards import RewardError, load_reward, score
+from grpo.rewards.text import chat_completions
 from grpo.types import Scored
 
 #: Keys of a completions row that are not reward columns.
@@ -67,7 +69,10 @@ def joined_row(row: dict[str, Any], where: str, dataset: list[dict[str, Any]] | 
 
 
 def read_completions(path: str | Path, dataset: list[dict[str, Any]] | None) -> CompletionSet:
-    """The completions file as prompts, completions and columns (errors name file:LINE)."""
+    """The completions file as prompts, completions and columns (errors name file:LINE).
+
+    As in training, a text completion of a chat-message prompt reaches the rewards as
+    ``[{"role": "assistant", "content": text}]``."""
     if not Path(path).is_file():
         raise DataError(f"completions file not found: {path}")
     rec = scan_jsonl(path)
@@ -75,7 +80,8 @@ def read_completions(path: str | Path, dataset: list[dict[str, Any]] | None) -> 
         raise DataError(f"{rec.source}: no completions")
     rows = [joined_row(row, where, dataset) for row, where in zip(rec.rows, rec.where)]
     names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in (*CONTROL_KEYS, "prompt")]
-    return CompletionSet([r.get("prompt") for r in rows], [r["completion"] for r in rows],
+    prompts = [r.get("prompt") for r in rows]
+    return CompletionSet(prompts, chat_completions(prompts, [r["completion"] for r in rows]),
                          {k: [r.get(k) for r in rows] for k in names}, rec.where)
 
 

@@ -1,12 +1,13 @@
 """Process supervision: step-reward functions that score every reasoning step of a completion.
 
-A step-reward function has the reward signature but returns, per completion, a list with one
-reward per step (or None when it does not apply)::
+A step-reward function is called by keyword like a reward function, with ``steps`` added, and
+returns, per completion, a list with one reward per step (or None when it does not apply)::
 
-    fn(prompts: list, completions: list[str], steps: list[list[str]], **columns) -> list[list[float] | None]
+    fn(prompts=, completions=, steps=list[list[str]], completion_ids=, **columns) -> list[list[float] | None]
 
-Steps are the pieces of the completion between occurrences of `reward.step_delimiter` (a trailing
-empty piece is not a step). Several functions are added step by step.
+Steps are the pieces of the completion's text between occurrences of `reward.step_delimiter` (a
+trailing empty piece is not a step); a conversational completion (a list of messages) is split
+by its text (grpo/rewards/text.py ``as_text``). Several functions are added step by step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 
 from grpo.rewards import RewardError, _call
+from grpo.rewards.text import as_text
 
 
 def split_steps(completion: str, delimiter: str) -> list[str]:
@@ -25,10 +27,11 @@ def split_steps(completion: str, delimiter: str) -> list[str]:
     return steps
 
 
-def score_steps(functions, prompts: list, completions: list[str], columns: dict[str, list],
+def score_steps(functions, prompts: list, completions: list, columns: dict[str, list],
                 delimiter: str) -> list[list[float]]:
-    """Per completion, the summed step rewards of every step-reward function ([] = no reward)."""
-    steps = [split_steps(c, delimiter) for c in completions]
+    """Per completion, the summed step rewards of every step-reward function ([] = no reward);
+    each is called as ``fn(prompts=, completions=, steps=, **columns)``."""
+    steps = [split_steps(as_text(c), delimiter) for c in completions]
     totals: list[list[float]] = [[] for _ in completions]
     for name, fn in functions:
         out = _call(name, fn, prompts, completions, {**columns, "steps": steps})

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from grpo.models import load_tokenizer, resolve_dtype
+from grpo.rewards.text import as_text
 
 #: Texts scored per forward pass.
 RM_BATCH_SIZE = 8
@@ -62,7 +63,7 @@ def reward_text(tokenizer, prompt, completion) -> tuple[str, bool]:
     prompts, a list of assistant messages).
     """
     if isinstance(prompt, str):
-        return prompt + completion, True
+        return prompt + as_text(completion), True
     if not getattr(tokenizer, "chat_template", None):
         raise _error("reward model tokenizer has no chat template, but the prompt is a conversation")
     reply = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
@@ -70,7 +71,8 @@ def reward_text(tokenizer, prompt, completion) -> tuple[str, bool]:
 
 
 class RewardModel:
-    """Callable reward ``fn(prompts, completions, **columns) -> list[float]`` backed by a classifier."""
+    """Callable reward ``fn(prompts=, completions=, **columns) -> list[float]`` backed by a classifier
+    (called by keyword like every reward; the columns are ignored)."""
 
     def __init__(self, model, tokenizer, batch_size: int = RM_BATCH_SIZE):
         self.model = model.eval().requires_grad_(False)

@@ -1,5 +1,16 @@
 """Running reward functions on a batch: concurrency, value checks, error handling, the weighted sum.
 
+Reward functions are called **by keyword**, exactly as TRL's GRPOTrainer calls them::
+
+    fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+
+so ``def accuracy(completions, solution, **kwargs)`` works unchanged. ``completions`` holds strings,
+or for a conversational prompt (a list of chat messages) ``[{"role": "assistant", "content": text}]``
+(grpo/rewards/text.py ``chat_completions``); ``columns`` are every other dataset column, one value
+per completion (``completion_ids`` is one of them when the caller has token ids). A function whose
+parameters cannot take these keywords (no ``**kwargs`` and a column it does not name, or a
+required parameter that is not passed) is an error in both ``on_error`` modes, with a hint.
+
 Every function of one scoring call is called once on the whole batch. Plain functions run one
 after the other; ``async def`` functions (anything returning an awaitable) are then awaited
 *concurrently*, all in one event loop (``asyncio.gather``). When the caller is itself inside a
@@ -32,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 
+from grpo.rewards.text import as_text
 from grpo.types import Scored
 
 log = logging.getLogger(__name__)
@@ -57,19 +69,62 @@ class RewardError(ValueError):
 
 @dataclass
 class Failure:
-    """One error of a reward function: on completion ``index``, or on the whole batch (None)."""
+    """One error of a reward function: on completion ``index``, or on the whole batch (None).
+    ``fatal``: raised even with ``on_error="zero"`` (the function cannot take its arguments)."""
 
     index: int | None
     message: str
+    fatal: bool = False
+
+
+class ArgumentMismatch(Exception):
+    """A reward function's parameters cannot take the keyword arguments of the call (not called)."""
+
+
+#: Appended to errors caused by a reward function's signature.
+CALL_HINT = ("reward functions are called by keyword as in TRL: fn(prompts=, completions=, completion_ids=, "
+             "**columns); add **kwargs")
+#: Phrases of Python's TypeError for a call whose arguments do not fit the signature.
+_CALL_ERRORS = ("unexpected keyword argument", "multiple values for argument", "required positional argument",
+                "required keyword-only argument", "positional-only")
 
 
 # ---------------------------------------------------------------- calling (sync, then async concurrently)
 
 
-def _start(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> Any:
-    """``fn(prompts, completions, **columns)``: its result, awaitable, or the exception it raised."""
+def reward_kwargs(prompts: list, completions: list, columns: dict[str, list]) -> dict[str, list]:
+    """The keyword arguments of a reward call: ``prompts``, ``completions`` and every column."""
+    clash = next((k for k in ("prompts", "completions") if k in columns), None)
+    if clash:
+        raise RewardError(f"a column is named '{clash}', like a reward function argument: rename it "
+                          "(data.column_map)")
+    return {"prompts": prompts, "completions": completions, **columns}
+
+
+def argument_problem(fn: RewardFn, kwargs: dict[str, Any]) -> str | None:
+    """Why ``fn(**kwargs)`` does not fit ``fn``'s signature (None: it fits, or there is no signature).
+    A decorator's own signature is used, not the wrapped function's: the call decides for wrappers."""
     try:
-        return fn(prompts, completions, **columns)
+        signature = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):  # builtins and some C callables have none: let the call decide
+        return None
+    try:
+        signature.bind(**kwargs)
+    except TypeError as e:
+        return str(e)
+    return None
+
+
+def _start(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> Any:
+    """``fn(prompts=, completions=, **columns)``: its result, awaitable, or the exception it raised
+    (an :class:`ArgumentMismatch`, without calling it, when its parameters cannot take the keywords)."""
+    kwargs = reward_kwargs(prompts, completions, columns)
+    problem = argument_problem(fn, kwargs)
+    if problem:
+        return ArgumentMismatch(f"cannot take its arguments: {problem} (called with {', '.join(kwargs)}); "
+                                f"{CALL_HINT}")
+    try:
+        return fn(**kwargs)
     except Exception as e:  # a user's function: reported with its name by the caller
         return e
 
@@ -89,7 +144,7 @@ def _await_all(awaitables: list) -> list:
 
 
 def run_calls(calls: list[tuple[RewardFn, list, list, dict[str, list]]]) -> list:
-    """Run every ``(fn, prompts, completions, columns)`` call; async ones concurrently.
+    """Run every ``(fn, prompts, completions, columns)`` call by keyword; async ones concurrently.
 
     Returns one entry per call: the function's output or the exception it raised.
     """
@@ -111,7 +166,10 @@ def row_columns(columns: dict[str, list], i: int) -> dict[str, list]:
 
 def excerpt(completion: Any, width: int = EXCERPT_CHARS) -> str:
     """A short quoted start of a completion for error messages (newlines escaped)."""
-    text = completion if isinstance(completion, str) else str(completion)
+    try:
+        text = as_text(completion)          # chat messages: their content
+    except TypeError:
+        text = str(completion)
     return repr(text if len(text) <= width else text[:width - 3] + "...")
 
 
@@ -119,6 +177,11 @@ def describe(e: BaseException) -> str:
     """'KeyError: x' on one line (first line of the message, at most 200 characters)."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+def call_hint(e: BaseException) -> str:
+    """'; <CALL_HINT>' when ``e`` is a TypeError about a call's arguments, else ''."""
+    return f"; {CALL_HINT}" if isinstance(e, TypeError) and any(p in str(e) for p in _CALL_ERRORS) else ""
 
 
 def _at(completions: list, i: int) -> str:
@@ -175,15 +238,15 @@ def locate(name: str, fn: RewardFn, prompts: list, completions: list, columns: d
     outs = run_calls([(fn, [prompts[i]], [completions[i]], row_columns(columns, i)) for i in range(len(completions))])
     values, failures = [], []
     for i, out in enumerate(outs):
-        value, problem = None, None
+        value, problem, hint = None, None, ""
         if isinstance(out, Exception):
-            problem = f"raised {describe(out)}"
+            problem, hint = f"raised {describe(out)}", call_hint(out)
         else:
             problem = shape_problem(out, 1)
             if problem is None:
                 value, problem = check(out[0])
         if problem:
-            failures.append(Failure(i, f"reward function '{name}' {problem} {_at(completions, i)}"))
+            failures.append(Failure(i, f"reward function '{name}' {problem} {_at(completions, i)}{hint}"))
         values.append(value)
     return values, failures
 
@@ -200,10 +263,13 @@ def find_failures(name: str, fn: RewardFn, out: Any, prompts: list, completions:
     the failing completions are located by calling the function once per completion."""
     if not isinstance(out, Exception):
         return check_output(name, out, completions, check)
+    if isinstance(out, ArgumentMismatch):   # every call would fail alike: no per-completion search
+        return [None] * len(completions), [Failure(None, f"reward function '{name}' {out}", fatal=True)]
     values, failures = locate(name, fn, prompts, completions, columns, check)
     if not failures:
         failures = [Failure(None, f"reward function '{name}' raised {describe(out)} on the batch of "
-                                  f"{len(completions)} completions, but no single completion fails alone")]
+                                  f"{len(completions)} completions, but no single completion fails alone"
+                                  f"{call_hint(out)}")]
     return values, failures
 
 
@@ -211,12 +277,13 @@ def resolve(name: str, fn: RewardFn, out: Any, prompts: list, completions: list,
             on_error: str) -> tuple[list, int]:
     """Checked values of one function for the batch and how many were zeroed (``on_error`` = zero).
 
-    ``raise`` mode raises a one-line RewardError on the first failure.
+    ``raise`` mode raises a one-line RewardError on the first failure, and so does ``zero`` mode
+    when the function cannot take its arguments.
     """
     values, failures = find_failures(name, fn, out, prompts, completions, columns)
     if not failures:
         return values, 0
-    if on_error == "raise":
+    if on_error == "raise" or any(f.fatal for f in failures):
         raise RewardError(report(failures), failures[0].index)
     log.warning("%s; counted as 0.0 (reward.reward_errors=zero)", report(failures))
     if any(f.index is None for f in failures):    # a batch-level failure: the whole batch is zeroed
@@ -243,13 +310,14 @@ def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, pr
         raise RewardError(f"reward_errors must be one of {' | '.join(REWARD_ERROR_MODES)}, got '{on_error}'")
     weights = weights or [1.0] * len(functions)
     outs = run_calls([(fn, prompts, completions, columns) for _, fn in functions])
-    table = torch.full((len(completions), len(functions)), float("nan"))
+    table = torch.full((len(completions), len(functions)), float("nan"), device="cpu")   # host-side, as the rewards
     errors: dict[str, int] = {}
     for k, ((name, fn), out) in enumerate(zip(functions, outs)):
         values, count = resolve(name, fn, out, prompts, completions, columns, on_error)
         errors[name] = errors.get(name, 0) + count          # a name listed twice: counts add up
-        table[:, k] = torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float32)
-    w = torch.tensor(weights, dtype=torch.float32)                          # [R]
+        table[:, k] = torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float32,
+                                   device=table.device)
+    w = torch.tensor(weights, dtype=torch.float32, device=table.device)     # [R]
     total = torch.nansum(table * w, dim=1)                                  # [N] None contributes 0
     total[torch.isnan(table).all(dim=1)] = float("nan")                     # no function applied
     return Scored(names=[n for n, _ in functions], per_function=table, total=total, errors=errors)

@@ -107,7 +107,7 @@ def make_soft_overlong(max_len: int = 1000, cache: int = 200, factor: float = 1.
         from ``completion_ids`` (else whitespace-separated words). The trainer-level alternative is
         ``algorithm.overlong_cache_fraction``, which uses rollout.max_new_tokens as L_max.
         """
-        lengths = torch.tensor(completion_lengths(completions, completion_ids), dtype=torch.float32)
+        lengths = torch.tensor(completion_lengths(completions, completion_ids), dtype=torch.float32, device="cpu")
         return soft_overlong_penalty(lengths, max_len, cache, factor).tolist()
 
     return soft_overlong

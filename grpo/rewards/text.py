@@ -32,6 +32,20 @@ def as_text(completion: Any) -> str:
     raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")
 
 
+def chat_completion(prompt: Any, completion: Any) -> Any:
+    """A completion as TRL hands it to reward functions: a text becomes
+    ``[{"role": "assistant", "content": text}]`` when its prompt is a list of chat messages
+    (conversational); anything else is returned as it is."""
+    if isinstance(prompt, list) and isinstance(completion, str):
+        return [{"role": "assistant", "content": completion}]
+    return completion
+
+
+def chat_completions(prompts: list, completions: list) -> list:
+    """:func:`chat_completion` of every (prompt, completion) pair."""
+    return [chat_completion(p, c) for p, c in zip(prompts, completions)]
+
+
 def reasoning_text(completion: str) -> str:
     """The reasoning part: the text between ``<think>`` and ``</think>`` (to the end when the block is
     not closed); without ``<think>``, the text before ``</think>`` (chat templates that open the

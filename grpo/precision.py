@@ -1,0 +1,64 @@
+"""Mixed precision (`train.precision`): autocast of the forward passes, float32 master weights.
+
+    fp32   no autocast: every op in the parameters' dtype (float32, or bfloat16 with model.dtype=bfloat16)
+    bf16   torch.autocast(bfloat16): matmuls / attention in bfloat16, reductions and the loss in float32
+    fp16   torch.autocast(float16) + a dynamic loss scaler (torch.amp.GradScaler) for the backward pass
+
+The parameters, their gradients and the optimizer state stay in the parameters' own dtype (float32 by
+default): autocast only casts each op's inputs. The autocast device type is the model's device type,
+never a hard-coded one. Log-probs, the KL and the loss are computed in float32 whatever the precision
+(grpo.logprobs upcasts the logits before the log-softmax).
+
+Where it applies: the trainer enters :func:`autocast` around the experience stage (rollout, reference
+and old-policy passes) and around the update; :func:`grpo.update.policy_update` reads the ambient
+autocast (:func:`active_dtype`) to run backward outside it, scale the fp16 loss and drop autocast's
+cached weight casts once the weights change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+#: `train.precision` -> the autocast dtype (None = no autocast).
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of `train.precision` (None for fp32)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"train.precision must be one of {' | '.join(PRECISIONS)}, got {precision!r}")
+    return PRECISIONS[precision]
+
+
+def autocast(device: torch.device, precision: str):
+    """The context the forward passes of a run execute in: ``torch.autocast`` on `device`'s type with
+    the dtype of `precision`, or a no-op for fp32. Leaving it drops autocast's cached weight casts."""
+    dtype = autocast_dtype(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def active_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast currently casts to on `device`'s type, None when autocast is off there."""
+    kind = torch.device(device).type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
+def paused(device: torch.device):
+    """Autocast off on `device`'s type inside (the backward pass: PyTorch recommends running it outside
+    autocast; each op's backward then uses the dtype its forward ran in). Its cache is kept."""
+    return torch.autocast(device_type=torch.device(device).type, enabled=False)
+
+
+def loss_scaler(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.amp.GradScaler:
+    """The dynamic loss scaler of fp16 training for `optimizer`, created on first use and kept on the
+    optimizer, so its scale adapts across steps (halved after a step with inf/nan gradients, doubled
+    after 2000 clean ones). Not saved in checkpoints: a resumed run starts again at 2**16."""
+    scaler = getattr(optimizer, "grpo_loss_scaler", None)
+    if scaler is None:
+        scaler = torch.amp.GradScaler(torch.device(device).type)
+        optimizer.grpo_loss_scaler = scaler
+    return scaler

@@ -1,0 +1,177 @@
+"""grpo/precision.py and `train.precision`: bf16 autocast trains like fp32 with float32 master weights;
+fp16 scales its loss and skips overflowing steps; bad values are one-line config errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpo.config import AlgorithmConfig, ConfigError, OptimConfig, build_config
+from grpo.logprobs import completion_logprobs, fixed_logprobs
+from grpo.models import build_model, build_tokenizer
+from grpo.precision import active_dtype, autocast, autocast_dtype, loss_scaler
+from grpo.rollout import sample
+from grpo.types import TrainBatch
+from grpo.update import build_optimizer, policy_update
+from tests.run_helpers import final_weights, make_micro_dir, make_reward, records, run_in_process, tiny_config
+
+CPU = torch.device("cpu")
+
+
+def micro_policy(seed: int = 0):
+    tok = build_tokenizer()
+    return build_model(tok, "micro", seed=seed), tok
+
+
+def rollout_batch(model, tok, seed: int = 0) -> TrainBatch:
+    """8 sampled completions (2 prompts x G = 4) with old / reference log-probs a little off the policy's
+    (so the ratio and the KL are not trivially 1 and 0) and advantages of non-zero mean (a loss of O(1))."""
+    g = torch.Generator().manual_seed(seed)
+    enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
+    gen = sample(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=8,
+                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=g)
+    ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)                 # [8, P + T]
+    mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)              # [8, P + T]
+    T = gen.completion_ids.shape[1]
+    logp = fixed_logprobs(model, ids, mask, T)                              # [8, T] float32
+    on = gen.completion_mask.float()
+    old = (logp + 0.05 * torch.randn(logp.shape, generator=g)) * on
+    ref = (logp + 0.2 * torch.randn(logp.shape, generator=g)) * on
+    adv = 1.0 + 0.5 * torch.randn(8, generator=g)                           # [8]
+    return TrainBatch(ids, mask, on, adv, old, ref)
+
+
+def one_update(model, batch, precision: str, scaler=None):
+    """One policy_update of `model` on `batch` under `precision`'s autocast; returns (stats, optimizer)."""
+    opt, sched = build_optimizer(model, OptimConfig(lr=1e-3), 10)
+    algo = AlgorithmConfig(beta=0.04, num_iterations=2, entropy_coef=0.01)
+    with autocast(CPU, precision):
+        stats = policy_update(model, opt, sched, batch, algo, temperature=1.0, micro_batch_size=3,
+                              max_grad_norm=1.0, scaler=scaler)
+    return stats, opt
+
+
+def test_autocast_context_per_precision():
+    with autocast(CPU, "fp32"):
+        assert active_dtype(CPU) is None and not torch.is_autocast_enabled("cpu")
+    with autocast(CPU, "bf16"):
+        assert active_dtype(CPU) is torch.bfloat16
+    with autocast(torch.device("cpu"), "fp16"):
+        assert active_dtype(CPU) is torch.float16
+    assert active_dtype(CPU) is None                                         # left again
+    assert autocast_dtype("bf16") is torch.bfloat16 and autocast_dtype("fp32") is None
+    with pytest.raises(ValueError, match="train.precision"):
+        autocast_dtype("int8")
+
+
+@pytest.mark.parametrize("bad", ["bf17", "float16", "FP32"])
+def test_config_rejects_unknown_precision_in_one_line(bad):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides={"train.precision": bad})
+    message = str(info.value)
+    assert message.startswith("train.precision must be fp32 | bf16 | fp16") and bad in message and "\n" not in message
+    assert build_config(overrides={"train.precision": "bf16"}).train.precision == "bf16"
+    assert build_config().train.precision == "fp32"
+
+
+def test_fp16_needs_float32_weights():
+    with pytest.raises(ConfigError, match="train.precision=fp16 needs model.dtype=float32"):
+        build_config(overrides={"train.precision": "fp16", "model.dtype": "bfloat16"})
+
+
+def test_bf16_step_matches_fp32_with_float32_master_weights():
+    model, tok = micro_policy()
+    batch = rollout_batch(model, tok)
+    fp32_model, bf16_model = copy.deepcopy(model), copy.deepcopy(model)
+    ref_stats, _ = one_update(fp32_model, batch, "fp32")
+    stats, opt = one_update(bf16_model, batch, "bf16")
+    assert not stats.skipped and abs(ref_stats.loss) > 0.1                   # a loss of O(1), not ~0
+    assert abs(stats.loss - ref_stats.loss) <= 1e-2 * abs(ref_stats.loss)
+    assert abs(stats.kl - ref_stats.kl) <= 0.05 * abs(ref_stats.kl)
+    assert abs(stats.entropy - ref_stats.entropy) <= 1e-2 * ref_stats.entropy
+    # the gradients point the same way (bf16 rounding perturbs each component a little)
+    g32 = torch.cat([p.grad.flatten() for p in fp32_model.parameters()])
+    g16 = torch.cat([p.grad.flatten() for p in bf16_model.parameters()])
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
+    # master weights, gradients and AdamW state stay float32
+    assert {p.dtype for p in bf16_model.parameters()} == {torch.float32}
+    assert {p.grad.dtype for p in bf16_model.parameters()} == {torch.float32}
+    states = [s for s in opt.state.values()]
+    assert states and {s["exp_avg"].dtype for s in states} == {s["exp_avg_sq"].dtype for s in states} == {torch.float32}
+
+
+def test_logprobs_are_float32_under_bf16_autocast():
+    model, tok = micro_policy()
+    batch = rollout_batch(model, tok)
+    T = batch.completion_length
+    plain, _ = completion_logprobs(model, batch.input_ids, batch.attention_mask, T)
+    with autocast(CPU, "bf16"):
+        logp, ent = completion_logprobs(model, batch.input_ids, batch.attention_mask, T, with_entropy=True)
+    assert logp.dtype is torch.float32 and ent.dtype is torch.float32
+    on = batch.completion_mask.bool()
+    assert (logp - plain)[on].abs().max() < 0.05 and (logp - plain)[on].abs().max() > 0   # bf16 matmuls did run
+
+
+def test_bf16_rollout_logprobs_agree_with_the_training_pass():
+    """Under bf16 autocast the sampler's log-probs (lean decoder, float32 softmax) and the chunked training
+    pass over the same tokens agree within bfloat16 rounding, as they do exactly in float32."""
+    model, tok = micro_policy()
+    enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
+    with autocast(CPU, "bf16"):
+        gen = sample(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=8,
+                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                     generator=torch.Generator().manual_seed(0))
+        ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)             # [8, P + T]
+        mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
+        logp = fixed_logprobs(model, ids, mask, gen.completion_ids.shape[1])  # [8, T]
+    assert gen.sampling_logprobs.dtype is torch.float32 and logp.dtype is torch.float32
+    on = gen.completion_mask.bool()
+    assert (logp - gen.sampling_logprobs)[on].abs().max() < 0.02
+
+
+def test_fp16_scaler_scales_and_skips_an_overflowing_step():
+    model, tok = micro_policy()
+    batch = rollout_batch(model, tok)
+    clean = copy.deepcopy(model)
+    stats, opt = one_update(clean, batch, "fp16")
+    scaler = loss_scaler(opt, CPU)
+    assert not stats.skipped and scaler.get_scale() == 2.0 ** 16            # one clean step: scale kept
+    assert loss_scaler(opt, CPU) is scaler                                   # kept with the optimizer
+    assert any(not torch.equal(a, b) for a, b in zip(clean.parameters(), model.parameters()))
+    assert {p.dtype for p in clean.parameters()} == {torch.float32}
+
+    before = [p.detach().clone() for p in model.parameters()]
+    huge = torch.amp.GradScaler("cpu", init_scale=2.0 ** 60)                # loss x 2^60: float16 gradients overflow
+    stats, opt = one_update(model, batch, "fp16", scaler=huge)
+    assert stats.skipped and huge.get_scale() == 2.0 ** 59                   # skipped, the scale halved
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters()) and not opt.state
+
+
+def test_training_runs_in_every_precision_with_float32_checkpoints(tmp_path):
+    model_dir, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
+    losses = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        out = tmp_path / precision
+        result = run_in_process(tiny_config(model_dir, reward, out, **{"train.precision": precision,
+                                                                       "train.max_steps": 3, "train.save_steps": 0}))
+        assert result.steps == 3 and active_dtype(CPU) is None
+        losses[precision] = [r["loss/total"] for r in records(out)]
+        weights = final_weights(out / "checkpoint-3")
+        assert {t.dtype for t in weights.values()} == {torch.float32}
+    for precision in ("bf16", "fp16"):                                       # the same run, up to rounding
+        assert losses[precision] == pytest.approx(losses["fp32"], rel=0.2, abs=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bfloat16_weights_train_in_bfloat16(tmp_path, precision):
+    """model.dtype=bfloat16: weights, gradients and AdamW state in bfloat16 (pure bf16 compute with
+    precision fp32; autocast adds float32 for the ops it keeps in float32)."""
+    model_dir, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
+    out = tmp_path / "run"
+    result = run_in_process(tiny_config(model_dir, reward, out, **{"model.dtype": "bfloat16", "train.max_steps": 2,
+                                                                   "train.save_steps": 0, "train.precision": precision}))
+    assert {p.dtype for p in result.model.parameters()} == {torch.bfloat16}
+    assert all(r["loss/total"] == r["loss/total"] for r in records(out))     # finite, not nan
