@@ -9,7 +9,10 @@ them, so a torn or corrupted checkpoint is never resumed from.
 
 Writing is atomic: everything goes to a hidden `.checkpoint-<step>.tmp` directory (fsynced) that is
 renamed into place; a failing write (disk full, ...) removes it and raises one-line
-:class:`CheckpointWriteError`, leaving earlier checkpoints untouched. Hidden names (`.tmp`, `.old`,
+:class:`CheckpointWriteError` naming the file and the OS's reason, leaving earlier checkpoints
+untouched (torch.save and safetensors report a full disk as RuntimeError / SafetensorError; the reason
+is recovered from the message or by a probe write). Every file gets the mode the umask gives a new
+file (safetensors writes 0600 temporaries). Hidden names (`.tmp`, `.old`,
 `.deleting`) never match `checkpoint-<step>`, so leftovers of a crash cannot be mistaken for a
 checkpoint; :func:`remove_stale_temporaries` clears them. `grpo export` turns one into a merged model.
 """
@@ -22,8 +25,10 @@ import os
 import random
 import re
 import shutil
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -34,6 +39,13 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STALE_RE = re.compile(r"^\.checkpoint-\d+\.(tmp|old|deleting)$")
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
+#: What a checkpoint's manifest must list besides its other files: (description, any one of these names).
+REQUIRED_FILES = (("trainer_state.json", ("trainer_state.json",)),
+                  ("model config", ("config.json", "adapter_config.json")),
+                  ("policy weights", ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                                      "pytorch_model.bin", "adapter_model.bin")))
+#: "... (os error 28)": how Rust libraries (safetensors) carry the errno in their message.
+OS_ERROR_RE = re.compile(r"os error (\d+)")
 
 
 class CheckpointError(ValueError):
@@ -42,6 +54,79 @@ class CheckpointError(ValueError):
 
 class CheckpointWriteError(OSError):
     """Writing a checkpoint failed (e.g. disk full); the earlier checkpoints are intact."""
+
+
+class _FileWriteFailed(Exception):
+    """A failure while writing `path` (inside save_checkpoint only: it becomes a CheckpointWriteError)."""
+
+    def __init__(self, path: Path, cause: Exception):
+        super().__init__(str(cause))
+        self.path, self.cause = path, cause
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Attribute an I/O failure inside the block to `path` (a file, or the directory save_pretrained fills)."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as e:   # torch and safetensors: RuntimeError-like on ENOSPC
+        raise _FileWriteFailed(path, e) from e
+
+
+def probe_write(directory: Path, size: int = 1 << 20) -> str | None:
+    """The OS's reason (strerror) why writing and syncing `size` bytes in `directory` fails; None if it works."""
+    probe = directory / ".grpo-write-probe"
+    try:
+        with probe.open("wb") as fh:
+            fh.write(bytes(size))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
+
+
+def write_failure_reason(error: Exception, directory: Path) -> str:
+    """Why a write into `directory` failed, as the OS says it ("No space left on device").
+
+    An OSError carries it; safetensors puts "(os error N)" in its message; torch.save loses the errno
+    ("unexpected pos 576 vs 534"), so a probe write into the same directory recovers it. Otherwise the
+    exception's type and first line.
+    """
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    found = OS_ERROR_RE.search(str(error))
+    if found:
+        return os.strerror(int(found.group(1)))
+    probed = probe_write(directory) if directory.is_dir() else None
+    if probed:
+        return probed
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def umask_file_mode(directory: Path) -> int:
+    """The permission bits a new file in `directory` gets (0o666 minus the umask, e.g. 0o644)."""
+    probe = directory / ".grpo-mode-probe"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        return os.fstat(fd).st_mode & 0o777
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+def apply_umask_mode(directory: Path) -> None:
+    """Give every file under `directory` the mode of a new file, so all files of a checkpoint or an export
+    are readable alike (safetensors writes a 0600 temporary and renames it: its files come out 0600)."""
+    mode = umask_file_mode(directory)
+    for p in directory.rglob("*"):
+        if p.is_file() and p.stat().st_mode & 0o777 != mode:
+            os.chmod(p, mode)
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -138,7 +223,24 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"{path.name}: {rel} has {f.stat().st_size} bytes, the manifest says {size}")
         if file_sha256(f) != sha:
             raise CheckpointError(f"{path.name}: {rel} does not match its sha256 in {MANIFEST}")
+    check_manifest_complete(path, set(files))
     return manifest
+
+
+def check_manifest_complete(path: Path, listed: set[str]) -> None:
+    """CheckpointError unless the manifest lists every file of the checkpoint (hidden names aside) and
+    the files every checkpoint needs: trainer_state.json, the model config and the policy weights."""
+    present = sorted(rel for p in path.rglob("*") if p.is_file()
+                     and (rel := p.relative_to(path).as_posix()) != MANIFEST
+                     and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    unlisted = [rel for rel in present if rel not in listed]
+    if unlisted:
+        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+        raise CheckpointError(f"{path.name}: {unlisted[0]}{more} is not listed in {MANIFEST} (a partial manifest: "
+                              f"the file cannot be verified)")
+    for what, names in REQUIRED_FILES:
+        if not listed & set(names):
+            raise CheckpointError(f"{path.name}: {MANIFEST} lists no {what} ({' or '.join(names)})")
 
 
 def _discard(path: Path) -> None:
@@ -157,7 +259,12 @@ def _publish(tmp: Path, final: Path) -> None:
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
-    os.replace(tmp, final)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old.exists() and not final.exists():
+            os.replace(old, final)                 # the replaced checkpoint goes back in place
+        raise
     _fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -183,17 +290,41 @@ def _write_files(tmp: Path, step: int, model, tokenizer, optimizer, scheduler, s
     from grpo.export import save_checkpoint_model
     from safetensors.torch import save_model
 
-    save_checkpoint_model(model, tokenizer, tmp)   # LoRA: only the adapter (it names its base model)
+    with _writing(tmp):
+        save_checkpoint_model(model, tokenizer, tmp)   # LoRA: only the adapter (it names its base model)
     fault_point("save", step)
     if optimizer is not None:
-        torch.save({"optimizer": optimizer.state_dict(),
-                    "scheduler": None if scheduler is None else scheduler.state_dict()}, tmp / "optimizer.pt")
+        with _writing(tmp / "optimizer.pt"):
+            torch.save({"optimizer": optimizer.state_dict(),
+                        "scheduler": None if scheduler is None else scheduler.state_dict()}, tmp / "optimizer.pt")
     if rng is not None:
-        torch.save(rng, tmp / "rng_state.pt")
+        with _writing(tmp / "rng_state.pt"):
+            torch.save(rng, tmp / "rng_state.pt")
     if reference is not None:
-        save_model(reference, str(tmp / "reference.safetensors"))
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **(state or {})}, indent=1, default=str))
-    write_manifest(tmp, step)
+        with _writing(tmp / "reference.safetensors"):
+            save_model(reference, str(tmp / "reference.safetensors"))
+    with _writing(tmp / "trainer_state.json"):
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **(state or {})}, indent=1, default=str))
+    with _writing(tmp / MANIFEST):
+        apply_umask_mode(tmp)                      # one mode for every file (safetensors writes 0600)
+        write_manifest(tmp, step)
+
+
+def _write_error_message(error: BaseException, final: Path, directory: Path) -> str | None:
+    """The one line for a failed write of checkpoint `final` (None: not an I/O failure, re-raise it).
+
+    Called while the failed files still exist, so a probe write sees the disk as full as it was. The
+    failed frames' locals are cleared first: torch.save leaves its file open there, and that file's
+    space is only freed when it closes.
+    """
+    if not isinstance(error, (_FileWriteFailed, OSError)):
+        return None
+    cause = error.cause if isinstance(error, _FileWriteFailed) else error
+    traceback.clear_frames(error.__traceback__)
+    traceback.clear_frames(cause.__traceback__)
+    where = getattr(cause, "filename", None) or (error.path if isinstance(error, _FileWriteFailed) else directory)
+    return (f"writing checkpoint {final} failed: {write_failure_reason(cause, directory)} ({where}); "
+            f"earlier checkpoints are intact")
 
 
 def save_checkpoint(output_dir: str | Path, step: int, model, tokenizer, *, optimizer=None, scheduler=None,
@@ -202,7 +333,8 @@ def save_checkpoint(output_dir: str | Path, step: int, model, tokenizer, *, opti
     """Write `output_dir/checkpoint-<step>` atomically; keep the newest `save_total_limit` (0 = all).
 
     `reference` (a module) is stored as reference.safetensors. On any failure the temporary
-    directory is removed; an OSError becomes a one-line CheckpointWriteError.
+    directory is removed; an I/O failure (an OSError, or torch's / safetensors' RuntimeError on a full
+    disk) becomes a one-line CheckpointWriteError naming the file and the reason.
     """
     out = Path(output_dir)
     final, tmp = out / f"checkpoint-{step}", out / f".checkpoint-{step}.tmp"
@@ -212,11 +344,10 @@ def save_checkpoint(output_dir: str | Path, step: int, model, tokenizer, *, opti
         _write_files(tmp, step, model, tokenizer, optimizer, scheduler, state, rng, reference)
         _publish(tmp, final)
     except BaseException as e:
+        message = _write_error_message(e, final, tmp if tmp.is_dir() else out)   # before the temporary goes
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            reason = f"{e.strerror} ({e.filename})" if e.strerror and e.filename else (e.strerror or str(e))
-            raise CheckpointWriteError(f"writing checkpoint {final} failed: {reason}; "
-                                       f"earlier checkpoints are intact") from e
-        raise
+        if message is None:
+            raise
+        raise CheckpointWriteError(message) from (e.cause if isinstance(e, _FileWriteFailed) else e)
     prune_checkpoints(out, save_total_limit, step)
     return final

@@ -8,6 +8,7 @@ the tree is validated once and never mutated afterwards.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -95,8 +96,13 @@ class RewardConfig:
     process_functions: list[str] = _f([], "Step-reward functions (process supervision, DeepSeekMath 4.1.3): "
                                       "`file.py:function` returning one reward per reasoning step.")
     step_delimiter: str = _f("\n", "Text that ends a reasoning step, for process_functions.")
-    reward_errors: str = _f("raise", "A reward function that raises or returns NaN/inf: raise (stop with an error naming "
-                            "the function and completion) | zero (count it as 0.0; logged as reward/<name>/errors).")
+    reward_errors: str = _f("raise", "A reward function that raises, times out or returns NaN/inf: raise (stop with an "
+                            "error naming the function and completion) | zero (count it as 0.0; logged as "
+                            "reward/<name>/errors).")
+    timeout_s: float = _f(0.0, "Seconds one reward call may take (0 = no limit). > 0: a call that does not return in "
+                          "time is an error naming the function (reward_errors: zero scores the batch 0.0); sync "
+                          "functions then run in a worker thread, abandoned on timeout (Python cannot stop it), "
+                          "async ones are cancelled. 0 keeps sync calls in the main thread (signal.alarm works).")
 
 
 @dataclass(frozen=True)
@@ -264,6 +270,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             except ValueError:
                 pass
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):     # inf / nan pass every range check and end in NaN weights
+                raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"config key '{key}' expects a number, got {value!r}")
     if hint is str:

@@ -4,6 +4,8 @@ once; each failure is a one-line :class:`~grpo.config.ConfigError` that names th
 
 from __future__ import annotations
 
+import math
+
 from grpo.config import Config, ConfigError
 
 
@@ -15,6 +17,7 @@ def validate(cfg: Config) -> None:
     from grpo.tracking import report_to_problem
 
     tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
+    metrics_file = metrics_file_problem(cfg.log.metrics_file)
     checks = [
         (cfg.rollout.num_generations >= 2, "rollout.num_generations must be >= 2: group-relative advantages need a group"),
         (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
@@ -55,8 +58,10 @@ def validate(cfg: Config) -> None:
         (len(cfg.lora.target_modules) >= 1 and all(cfg.lora.target_modules), "lora.target_modules may not be empty"),
         ("all-linear" not in cfg.lora.target_modules or len(cfg.lora.target_modules) == 1,
          "lora.target_modules: all-linear cannot be combined with module names"),
-        (cfg.optim.lr > 0, "optim.lr must be > 0"),
+        (math.isfinite(cfg.optim.lr) and cfg.optim.lr > 0, f"optim.lr must be a finite number > 0, got {cfg.optim.lr}"),
         (cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm must be >= 0"),
+        (cfg.optim.weight_decay >= 0, "optim.weight_decay must be >= 0"),
+        (0 <= cfg.optim.adam_beta1 < 1 and 0 <= cfg.optim.adam_beta2 < 1, "optim.adam_beta1 and optim.adam_beta2 must be in [0, 1)"),
         (cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0"),
         (cfg.optim.lr_scheduler in ("constant", "linear", "cosine"), "optim.lr_scheduler must be constant | linear | cosine"),
         (cfg.train.prompts_per_step >= 1, "train.prompts_per_step must be >= 1"),
@@ -88,7 +93,10 @@ def validate(cfg: Config) -> None:
          "reward.step_delimiter may not be empty when reward.process_functions is set"),
         (cfg.reward.weights is None or len(cfg.reward.weights) == len(cfg.reward.functions),
          "reward.weights must have one weight per entry of reward.functions"),
+        (cfg.reward.weights is None or all(math.isfinite(w) for w in cfg.reward.weights),
+         f"reward.weights must be finite numbers, got {cfg.reward.weights}"),
         (cfg.reward.reward_errors in ("raise", "zero"), "reward.reward_errors must be raise | zero"),
+        (cfg.reward.timeout_s >= 0, "reward.timeout_s must be >= 0 (0 = no limit)"),
         (cfg.data.num_train_prompts >= 1, "data.num_train_prompts must be >= 1"),
         (cfg.data.max_prompt_length >= 0, "data.max_prompt_length must be >= 0 (0 = no limit)"),
         (cfg.data.long_prompts in ("drop", "truncate", "error"), "data.long_prompts must be drop | truncate | error"),
@@ -99,8 +107,22 @@ def validate(cfg: Config) -> None:
         (cfg.data.prompt_column == "prompt" or "prompt" not in cfg.data.column_map.values(),
          "data.prompt_column and data.column_map both choose the prompt column: use one of them"),
         (tracking is None, tracking),
+        (metrics_file is None, metrics_file),
         (cfg.log.project.strip() != "", "log.project may not be empty"),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+def metrics_file_problem(name: str) -> str | None:
+    """Why `log.metrics_file` is not a plain file name inside train.output_dir (None when it is one): no
+    directory part, no '..', and none of the names the run writes itself (checkpoints, config.yaml, the lock)."""
+    from grpo.guards import LOCK_FILE
+
+    plain = f"log.metrics_file must be a plain file name inside train.output_dir, got '{name}'"
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        return f"{plain} (no directories, no '..')"
+    if name.lstrip(".").startswith("checkpoint-") or name in ("config.yaml", LOCK_FILE):
+        return f"{plain}: the run writes that name itself (checkpoint-*, config.yaml, {LOCK_FILE})"
+    return None

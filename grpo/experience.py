@@ -109,7 +109,7 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, rng, d
     columns = {name: repeat_each(values, k) for name, values in prompts.columns.items()}
     # as TRL: by keyword, chat prompts get [{"role": "assistant", "content": text}] completions
     scored = score(rewards, cfg.reward.weights, per_prompt, chat_completions(per_prompt, completions),
-                   reward_columns(columns, gen), on_error=cfg.reward.reward_errors)
+                   reward_columns(columns, gen), on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s)
     weights = torch.tensor(cfg.reward.weights or [1.0] * len(rewards), dtype=torch.float32,
                            device=scored.per_function.device)                               # [R] host, as rewards
     total = REWARD_COMBINERS[algo.reward_combination](scored.per_function, weights, k, algo.advantage_eps)
@@ -225,7 +225,7 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     values = adv.values.to(input_ids.device)                   # [N] host-side rewards -> the batch's device
     if step_rewards:
         steps = score_steps(step_rewards, groups.prompts, chat_completions(groups.prompts, groups.completions),
-                            reward_columns(groups.columns, gen), cfg.reward.step_delimiter)
+                            reward_columns(groups.columns, gen), cfg.reward.step_delimiter, cfg.reward.timeout_s)
         values = values.unsqueeze(1) * mask + process_token_advantages(tokenizer, groups, steps, cfg)  # [N, T]
     if algo.overlong_filter:                             # DAPO: truncated completions leave the loss
         mask = mask * overlong_keep(gen.truncated).unsqueeze(1)

@@ -9,7 +9,9 @@ A checkpoint directory holds the tokenizer and either
 :func:`export_merged` turns either into a directory that plain
 ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads, with the adapter merged into the base
 weights (``merge_and_unload``), plus the tokenizer.  Other files of a training checkpoint
-(optimizer and RNG state, trainer_state.json) are not copied.
+(optimizer and RNG state, trainer_state.json) are not copied.  A training checkpoint is verified
+against its manifest first (a corrupted file is an error naming it); every exported file gets the
+mode the umask gives a new file.
 """
 
 from __future__ import annotations
@@ -99,17 +101,34 @@ def load_checkpoint(checkpoint_dir: str | Path, dtype: str | None = None):
     return merged.eval(), tokenizer
 
 
+def verify_export_source(checkpoint_dir: str | Path) -> None:
+    """A training checkpoint (it has a manifest.json or a trainer_state.json) must match its manifest;
+    CheckpointError naming the directory and the file otherwise. A plain model directory has none to check."""
+    from grpo.checkpoint import MANIFEST, CheckpointError, verify_checkpoint
+
+    directory = Path(checkpoint_dir)
+    if (directory / MANIFEST).is_file() or (directory / "trainer_state.json").is_file():
+        try:
+            verify_checkpoint(directory)
+        except CheckpointError as e:
+            raise CheckpointError(f"cannot export {directory}: {e}") from None
+
+
 def export_merged(checkpoint_dir: str | Path, out_dir: str | Path, dtype: str | None = None) -> Path:
     """Write the checkpoint's policy as one full model (+ tokenizer) to ``out_dir``; returns it.
 
     ``out_dir`` must not exist or be empty.  The result loads with plain
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` and computes the trained policy.
     """
+    from grpo.checkpoint import apply_umask_mode
+
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"export directory is not empty: {out}")
+    verify_export_source(checkpoint_dir)
     model, tokenizer = load_checkpoint(checkpoint_dir, dtype)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    apply_umask_mode(out)                          # safetensors writes 0600; the tokenizer files 0644
     return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpo.precision import cast_frozen_linears
 from grpo.rollout.sampler import positions_from_mask
 from grpo.shared_prompt import completion_hidden
 
@@ -267,7 +268,8 @@ def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
     Micro-batches are those of the update (:func:`bucketed_micro_batches`: rows of similar length,
     at most `micro_batch_size` rows and `max_tokens` padded tokens each), so each trims its own
-    padding; the result is in the original row order.
+    padding; the result is in the original row order. Under autocast (`train.precision`) a frozen
+    model's linear weights are cast once for the whole pass (:func:`grpo.precision.cast_frozen_linears`).
 
     Shape: [N, P + T] -> [N, T]
     """
@@ -276,9 +278,10 @@ def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     n = input_ids.shape[0]
     out = torch.empty(n, completion_length, dtype=torch.float32, device=input_ids.device)
     try:
-        for idx in bucketed_micro_batches(attention_mask, micro_batch_size, max_tokens):
-            out[idx] = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length, temperature,
-                                           chunk_size=chunk_size)[0].float()
+        with cast_frozen_linears(model, input_ids.device):               # autocast: frozen weights cast once
+            for idx in bucketed_micro_batches(attention_mask, micro_batch_size, max_tokens):
+                out[idx] = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length,
+                                               temperature, chunk_size=chunk_size)[0].float()
     finally:
         model.train(was_training)
     return out                                                              # [N, T]

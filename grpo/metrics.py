@@ -65,7 +65,9 @@ class MetricsLogger:
     """Appends one JSON object per step to a file, drives an optional tqdm progress bar and hands each
     record's numbers to the trackers of `config.log.report_to` (grpo/tracking.py).
 
-    `initial` is the number of steps already done (a resumed run; see truncate_metrics).
+    `initial` is the number of steps already done (a resumed run; see truncate_metrics). The file and
+    the trackers are opened by the first record, so a run that fails before its first step is logged
+    writes nothing to the output directory (grpo.resume.begin_run).
     """
 
     HEADLINE = (("reward/total/mean", "reward"), ("reward/accuracy/mean", "acc"),
@@ -73,13 +75,9 @@ class MetricsLogger:
 
     def __init__(self, path: Path, total_steps: int, progress_bar: bool = True, initial: int = 0,
                  config: Config | None = None):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = path.open("a")
-        try:
-            self.trackers = open_trackers(config, first_step=initial + 1) if config is not None else []
-        except BaseException:
-            self.fh.close()
-            raise
+        self.path, self.config, self.initial = path, config, initial
+        self.fh: Any = None
+        self.trackers: list = []
         self.bar = None
         if progress_bar:
             from tqdm.auto import tqdm
@@ -92,12 +90,26 @@ class MetricsLogger:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _open(self) -> None:
+        """Open the file (appending) and the trackers of `log.report_to`."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = self.path.open("a")
+        try:
+            self.trackers = open_trackers(self.config, first_step=self.initial + 1) if self.config is not None else []
+        except BaseException:
+            self.fh.close()
+            raise
+
     def sync(self) -> None:
         """Flush the records to the disk (before a checkpoint, so none it covers can be lost)."""
+        if self.fh is None:
+            return
         self.fh.flush()
         os.fsync(self.fh.fileno())
 
     def log(self, metrics: dict[str, Any]) -> None:
+        if self.fh is None:
+            self._open()
         self.fh.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
         self.fh.flush()
         if self.trackers:
@@ -111,12 +123,13 @@ class MetricsLogger:
             self.bar.update(1)
 
     def close(self) -> None:
-        if self.fh.closed:
-            return
-        self.fh.close()
+        """Close the progress bar, the file and the trackers (a second call does nothing)."""
         if self.bar is not None:
             self.bar.close()
-        close_trackers(self.trackers)
+            self.bar = None
+        if self.fh is not None and not self.fh.closed:
+            self.fh.close()
+            close_trackers(self.trackers)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from grpo.checkpoint import (CheckpointError, list_checkpoints, remove_stale_tem
                              save_checkpoint, verify_checkpoint)
 from grpo.config import Config, ConfigError, to_dict
 from grpo.metrics import truncate_metrics
+from grpo.resume_config import apply_optimizer_settings, refuse_changes
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,7 @@ def restore(state: TrainState, ckpt: Checkpoint, cfg: Config) -> None:
     state.optimizer.load_state_dict(ckpt.optim["optimizer"])
     if ckpt.optim.get("scheduler") is not None:
         state.scheduler.load_state_dict(ckpt.optim["scheduler"])
+    apply_optimizer_settings(state.optimizer, state.scheduler, cfg, ckpt.trainer_state.get("config") or {})
     state.stream.load_state_dict(ckpt.rng["stream"])
     restore_rng(ckpt.rng, state.rng)
 
@@ -207,10 +209,12 @@ def check_resumable(ckpt: Checkpoint, cfg: Config) -> None:
     """Errors and warnings about resuming `ckpt` under `cfg` (before anything is written)."""
     if ckpt.step > cfg.train.max_steps:
         raise ConfigError(f"{ckpt.path} is at step {ckpt.step}, past train.max_steps={cfg.train.max_steps}")
-    changes = config_changes(ckpt.trainer_state.get("config") or {}, cfg)
+    saved = ckpt.trainer_state.get("config") or {}
+    refuse_changes(saved, cfg, ckpt.path)                 # keys baked into the checkpoint (grpo/resume_config.py)
+    changes = config_changes(saved, cfg)
     if changes:
-        log.warning("warning: resuming %s with a changed config (%s); the result will differ from an "
-                    "uninterrupted run", ckpt.path.name, "; ".join(changes))
+        log.warning("warning: resuming %s with a changed config, applied from step %d on (%s); the result will "
+                    "differ from an uninterrupted run", ckpt.path.name, ckpt.step + 1, "; ".join(changes))
     threads = ckpt.trainer_state.get("num_threads")
     if threads and threads != torch.get_num_threads():
         log.warning("warning: %s was written with %s torch threads, this run uses %s: results may differ in the "
@@ -225,22 +229,29 @@ def set_aside(path: Path) -> Path:
     return target
 
 
-def begin_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> int:
-    """Commit to the run (the first write to output_dir): tidy it, write config.yaml, line up metrics.jsonl.
-
-    Returns the first step to train.
-    """
-    remove_stale_temporaries(out)
+def announce_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> int:
+    """Say what the run will do (resume from where, which invalid checkpoints it sets aside, that it
+    starts over in a used directory) without writing anything; returns the first step to train."""
     start = 0 if ckpt is None else ckpt.step
     for path, why in ([] if ckpt is None else ckpt.skipped):
-        moved = set_aside(path)
-        log.warning("warning: %s; resuming from %s (the invalid one is kept as %s)", why, ckpt.path.name, moved.name)
+        log.warning("warning: %s; resuming from %s (the invalid one is kept as %s.invalid)", why, ckpt.path.name,
+                    path.name)
     if ckpt is None and list_checkpoints(out):
         log.warning("warning: %s already holds checkpoints (newest: %s); starting over at step 0 because "
                     "train.resume=never (use --resume to continue that run)", out, list_checkpoints(out)[-1].name)
-    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    truncate_metrics(out / cfg.log.metrics_file, start)
     if ckpt is not None:
         print(f"grpo: resuming from {ckpt.path} (step {start} of {cfg.train.max_steps})", file=sys.stderr)
     return start + 1
+
+
+def begin_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> None:
+    """Commit to the run: the first change to output_dir, made once the first step's experience and
+    update have succeeded (so a run failing before that leaves an existing directory as it was).
+    Sets aside invalid checkpoints, clears leftovers of interrupted writes, writes config.yaml and cuts
+    metrics.jsonl back to the records of the checkpoint's steps."""
+    for path, _ in ([] if ckpt is None else ckpt.skipped):
+        set_aside(path)
+    remove_stale_temporaries(out)
+    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    truncate_metrics(out / cfg.log.metrics_file, 0 if ckpt is None else ckpt.step)
 

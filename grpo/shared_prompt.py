@@ -11,6 +11,11 @@ and gradients flow to the same parameters.
 Used when it saves at least :data:`MIN_SAVING` of the micro-batch's tokens, the model keeps a plain
 ``DynamicCache`` (full attention: no sliding window, no hybrid layers) and no activation
 checkpointing is active (Hugging Face layers drop the cache under checkpointing).
+
+Bit for bit: the rows are indexed out with :func:`expand_rows`, whose backward adds each prompt's row
+gradients in a fixed order. The cache's own ``batch_select_indices`` (``keys[indices]``) has an
+``index_put_(accumulate=True)`` backward that, with more than one CPU thread, adds them in the order
+the threads happen to run: two identical steps differed by ~1e-9 in the gradients (issue 15).
 """
 
 from __future__ import annotations
@@ -52,6 +57,59 @@ def plain_cache_model(backbone: torch.nn.Module) -> bool:
     return config is not None and full_attention_config(config)
 
 
+def group_sum(x: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.Tensor:
+    """Sum of the rows of `x` that share an index in `inverse`, in a fixed order (run to run).
+
+    Each group's rows are gathered in row order and summed with one reduction per group, so the
+    result does not depend on thread scheduling (``index_put_`` with ``accumulate=True``, the
+    backward of ``x[inverse]``, does on a multi-threaded CPU).
+
+    Shape:
+        x: [n, ...], inverse: [n] long in [0, groups) -> [groups, ...]
+    """
+    order = torch.argsort(inverse, stable=True)                                 # [n] rows grouped, in row order
+    counts = torch.bincount(inverse, minlength=groups).tolist()                 # [groups] rows per group
+    parts = x.index_select(0, order).split(counts)                              # groups x [count, ...]
+    return torch.stack([part.sum(dim=0) for part in parts])                     # [groups, ...]
+
+
+class _ExpandRows(torch.autograd.Function):
+    """y = x[inverse] whose backward is :func:`group_sum` (deterministic)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.groups = x.shape[0]
+        return x.index_select(0, inverse)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        return group_sum(grad, inverse, ctx.groups), None
+
+
+def expand_rows(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """Row `inverse[i]` of `x` as row i; the gradients of a shared row add up in a fixed order.
+
+    Shape:
+        x: [U, ...], inverse: [n] long in [0, U) -> [n, ...]
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _ExpandRows.apply(x, inverse)
+    return x.index_select(0, inverse)
+
+
+def expand_cache(cache, inverse: torch.Tensor) -> None:
+    """Index every layer's keys and values out to the rows (:func:`expand_rows`), in place.
+
+    Shape:
+        cache: DynamicCache of batch U -> of batch n, inverse: [n] long in [0, U)
+    """
+    for layer in cache.layers:
+        layer.keys = expand_rows(layer.keys, inverse)                           # [n, kv, P, d]
+        layer.values = expand_rows(layer.values, inverse)                       # [n, kv, P, d]
+
+
 def _expandable(cache) -> bool:
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -80,10 +138,10 @@ def completion_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.
                        use_cache=True)                                          # [U, P, H] and the cache
         cache = out.past_key_values
         if _expandable(cache):
-            cache.batch_select_indices(inverse)                                 # [n, kv, P, d] per layer
+            expand_cache(cache, inverse)                                        # [n, kv, P, d] per layer
             rest = backbone(input_ids=ids[:, P:], attention_mask=mask, position_ids=positions[:, P:],
                             past_key_values=cache, use_cache=True).last_hidden_state   # [n, kept, H]
-            last = out.last_hidden_state[:, -1:].index_select(0, inverse)      # [n, 1, H] predicts column P
+            last = expand_rows(out.last_hidden_state[:, -1:], inverse)         # [n, 1, H] predicts column P
             return torch.cat([last, rest[:, :-1]], dim=1)                       # [n, kept, H]
     hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
     return hidden[:, -kept - 1:-1]                                              # [n, kept, H]

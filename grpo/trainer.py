@@ -11,8 +11,9 @@ whether it is one process or many (grpo/world.py).
 Reliability (docs/reliability.md): `train.resume` continues from the newest valid checkpoint
 (grpo/resume.py); a first SIGINT/SIGTERM, or a callback asking to stop, finishes the step, saves and
 returns (grpo/signals.py); steps with a non-finite loss are skipped and `train.max_bad_steps` in a
-row stop the run without saving that state (grpo/guards.py). `fault_point` calls are a test hook
-(GRPO_TEST_KILL_AT).
+row stop the run without saving that state (grpo/guards.py). One run at a time holds output_dir (a
+lock file, grpo/guards.py), and the directory is first changed once the first step has succeeded
+(grpo.resume.begin_run). `fault_point` calls are a test hook (GRPO_TEST_KILL_AT).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from grpo.callbacks import CallbackList
 from grpo.config import Config, TrainConfig
 from grpo.data import PromptStream, load_prompts
 from grpo.experience import make_experience
-from grpo.guards import BadSteps, deterministic_mode, prepare_output_dir
+from grpo.guards import BadSteps, OutputDirLock, deterministic_mode, prepare_output_dir
 from grpo.metrics import step_metrics
 from grpo.precision import autocast
 from grpo.reference import build_reference
-from grpo.resume import TrainState, begin_run, check_resumable, find_checkpoint, restore
+from grpo.resume import TrainState, announce_run, begin_run, check_resumable, find_checkpoint, restore
+from grpo.run_checks import check_run
 from grpo.signals import GracefulStop, fault_point
 from grpo.types import TrainBatch
 from grpo.update import UpdateStats, build_optimizer, policy_update
@@ -105,6 +107,7 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
     """The training state at step 0 and the prompt set (nothing written yet)."""
     cfg, model, tc = job.cfg, job.model, job.cfg.train
     prompt_set = load_prompts(cfg.data, tc.seed, job.tokenizer, records=job.records)   # rendered, tokenized once
+    check_run(cfg, model, job.tokenizer, prompt_set.rows)       # vocabulary, positions, sampling: before any write
     reference = build_reference(model, cfg.algorithm.beta)      # None when beta = 0
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations)
     state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
@@ -119,18 +122,19 @@ def run(job: Job) -> TrainResult:
     the current step with a checkpoint. Under torchrun the run is data-parallel (grpo/world.py)."""
     world = init_world(job.cfg, job.runtime.device)
     try:
-        return _run(job, world)
+        out = prepare_output_dir(job.cfg.train.output_dir)     # fails before anything is written
+        with OutputDirLock(out, enabled=world.is_main):        # a second run on `out` is refused (rank 0 holds it)
+            return _run(job, world, out)
     finally:
         world.close()
 
 
-def _run(job: Job, world) -> TrainResult:
+def _run(job: Job, world, out: Path) -> TrainResult:
     start = time.perf_counter()
     cfg, runtime, callbacks = job.cfg, job.runtime, job.callbacks
     tc, algo = cfg.train, cfg.algorithm
     with deterministic_mode(tc.deterministic):
         seed_everything(tc.seed)
-        out = prepare_output_dir(tc.output_dir)                # fails before anything is written
         state, prompt_set = initial_state(job)
         model, tokenizer = state.model, state.tokenizer
         run_cfg = world.shard(state, cfg)                      # torchrun: this rank's share of the prompts
@@ -140,7 +144,7 @@ def _run(job: Job, world) -> TrainResult:
             restore(state, ckpt, cfg)
             world.restore_sampler(state, ckpt, cfg)
         world.prepare(state, cfg)
-        first = begin_run(out, cfg, ckpt) if world.is_main else (ckpt.step if ckpt else 0) + 1
+        first = announce_run(out, cfg, ckpt) if world.is_main else (ckpt.step if ckpt else 0) + 1
         world.barrier()
         checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
         budget = runtime.micro_batch_tokens(model)             # tokens per forward/backward pass
@@ -164,6 +168,8 @@ def _run(job: Job, world) -> TrainResult:
                     state.reference.refresh(model, algo.ref_mix_alpha)   # iterative GRPO: the reference follows
                 record = {**step_metrics(step, world.view(exp), mean_stats(stats), times, prompt_set),
                           **runtime.memory_metrics()}
+                if step == first and world.is_main:
+                    begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
                 logger.log(record)
                 asked = callbacks.step_end(step, record)       # a callback may ask the run to stop
                 fault_point("step", step)
@@ -178,6 +184,8 @@ def _run(job: Job, world) -> TrainResult:
                 if stop_now:
                     break
         if tc.save_final and tc.max_steps == 0:
+            if world.is_main:
+                begin_run(out, cfg, ckpt)
             checkpoint = world.save(out, 0, state, cfg)
             callbacks.checkpoint(checkpoint)
     stopped_by = stop.signal_name or ("callback" if callbacks.stop_requested and done < tc.max_steps else None)

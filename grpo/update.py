@@ -15,7 +15,7 @@ import torch
 from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.loss import AGGREGATIONS, grpo_loss
-from grpo.precision import active_dtype, loss_scaler, paused
+from grpo.precision import active_dtype, cast_frozen_linears, loss_scaler, paused
 from grpo.types import TrainBatch
 
 
@@ -174,25 +174,26 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = 0.0
     buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
                                                              micro_batch_tokens))   # FSDP2: same count on every rank
-    for index, rows in enumerate(buckets):
-        mb = batch.rows(rows)
-        with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end
-            logp, entropy = par.forward(mb.input_ids, mb.attention_mask, T, temperature, True,
-                                        algo.entropy_coef > 0, logprob_chunk_size)  # [n, T]
-            old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
-            terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
-                              epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=beta,
-                              kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
-                              importance_sampling_level=algo.importance_sampling_level,
-                              clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef)
-            scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average
-            with paused(device):
-                (scaled if scaler is None else scaler.scale(scaled)).backward()
-        loss += float(terms.loss.detach())
-        policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
-        clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
-        ent_loss += terms.entropy_term
-        ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
+    with cast_frozen_linears(model, device):                  # autocast: LoRA's frozen weights cast once
+        for index, rows in enumerate(buckets):
+            mb = batch.rows(rows)
+            with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end
+                logp, entropy = par.forward(mb.input_ids, mb.attention_mask, T, temperature, True,
+                                            algo.entropy_coef > 0, logprob_chunk_size)  # [n, T]
+                old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
+                terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
+                                  epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=beta,
+                                  kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
+                                  importance_sampling_level=algo.importance_sampling_level,
+                                  clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef)
+                scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average
+                with paused(device):
+                    (scaled if scaler is None else scaler.scale(scaled)).backward()
+            loss += float(terms.loss.detach())
+            policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
+            clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
+            ent_loss += terms.entropy_term
+            ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
     loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss = par.reduce(
         [loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss])   # over ranks
     params = [p for p in model.parameters() if p.requires_grad]

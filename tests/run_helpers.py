@@ -21,12 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMING_PREFIXES = ("time/", "rollout/tokens_per_s")
 
 
-def make_micro_dir(directory: Path) -> Path:
-    """The micro model and its tokenizer saved as a Hugging Face directory."""
+def make_micro_dir(directory: Path, size: str = "micro") -> Path:
+    """The micro model (or another `grpo.models.MODEL_SIZES` entry) and its tokenizer saved as a
+    Hugging Face directory."""
     from grpo.models import build_model, build_tokenizer
 
     tok = build_tokenizer()
-    build_model(tok, "micro", seed=0).save_pretrained(directory)
+    build_model(tok, size, seed=0).save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory
 
@@ -51,8 +52,11 @@ def run_in_process(flat: dict, **over) -> TrainResult:
     return train(build_config(overrides={**flat, **over}))
 
 
-def run_subprocess(flat: dict, kill_at: str | None = None, resume: bool = False) -> subprocess.CompletedProcess:
-    """`python -m grpo train --config <flat as YAML>` with the GRPO_TEST_KILL_AT hook."""
+def run_subprocess(flat: dict, kill_at: str | None = None, resume: bool = False,
+                   omp_threads: int | None = 1) -> subprocess.CompletedProcess:
+    """`python -m grpo train --config <flat as YAML>` with the GRPO_TEST_KILL_AT hook.
+
+    `omp_threads`: OMP_NUM_THREADS of the child; None leaves torch its default thread count."""
     out = Path(flat["train.output_dir"])
     nested: dict = {}
     for key, value in flat.items():
@@ -60,8 +64,10 @@ def run_subprocess(flat: dict, kill_at: str | None = None, resume: bool = False)
         nested.setdefault(section, {})[name] = value
     config = out.parent / f"{out.name}.yaml"
     config.write_text(yaml.safe_dump(nested))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(omp_threads), "TQDM_DISABLE": "1"}
     env.pop("GRPO_TEST_KILL_AT", None)
+    if omp_threads is None:
+        env.pop("OMP_NUM_THREADS")
     if kill_at:
         env["GRPO_TEST_KILL_AT"] = kill_at
     argv = [sys.executable, "-m", "grpo", "train", "--config", str(config)] + (["--resume"] if resume else [])

@@ -87,6 +87,10 @@ CASES = [
     ("flag with a bad value", {}, ["--max-steps", "abc"], "argument --max-steps: invalid int value: 'abc'"),
     ("stray argument", {}, ["stray"], "unrecognised argument 'stray'"),
     ("key without a value", {}, ["--optim.lr"], "config key 'optim.lr' needs a value"),
+    ("infinite lr", {"optim.lr": "inf"}, [], "config key 'optim.lr' must be a finite number, got inf"),
+    ("NaN reward weight", {"reward.weights": ["nan"]}, [], "config key 'reward.weights' must be a finite number, got nan"),
+    ("metrics file outside the run", {"log.metrics_file": "../metrics.jsonl"}, [],
+     "log.metrics_file must be a plain file name inside train.output_dir, got '../metrics.jsonl'"),
     # the model directory
     ("missing model directory", {"model.path": "{root}/absent-model"}, [], "policy directory not found: {root}/absent-model"),
     ("model directory without config.json", {"model.path": "{root}/no_config"}, [],
@@ -142,6 +146,8 @@ CASES = [
      "checkpoint directory not found: {root}/used/checkpoint-9"),
     ("resume path not a checkpoint", {}, ["--resume", "{root}/not_a_checkpoint"], "not_a_checkpoint: no manifest.json"),
     ("resume past max_steps", {"train.max_steps": 1}, ["--resume"], "checkpoint-2 is at step 2, past train.max_steps=1"),
+    ("resume with a change that cannot apply", {"lora.enabled": True}, ["--resume"],
+     "cannot resume checkpoint-2 with a changed lora.enabled (False -> True): the checkpoint holds full weights"),
 ]
 
 

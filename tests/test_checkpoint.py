@@ -109,6 +109,117 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeyp
     verify_checkpoint(good)
 
 
+TORCH_ENOSPC = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"   # torch.save on a full disk
+SAFETENSORS_ENOSPC = "Error while serializing: I/O error: No space left on device (os error 28)"
+
+
+def _torch_save_fails_like_a_full_disk(real_save):
+    """torch.save that writes part of the file, then raises what torch raises on ENOSPC: a RuntimeError."""
+    def save(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        Path(f).write_bytes(Path(f).read_bytes()[:100])
+        raise RuntimeError(TORCH_ENOSPC)
+    return save
+
+
+def _safetensors_fails_like_a_full_disk(*a, **k):
+    from safetensors import SafetensorError
+
+    raise SafetensorError(SAFETENSORS_ENOSPC)
+
+
+@pytest.mark.parametrize("library", ["torch", "safetensors"])
+def test_a_full_disk_reported_as_runtime_error_is_a_one_line_write_error(tmp_path, monkeypatch, library):
+    import safetensors.torch
+
+    from grpo import checkpoint
+
+    good, model, tok = _saved(tmp_path, step=2)
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    if library == "torch":             # torch's message has no errno: the probe write finds the full disk
+        monkeypatch.setattr(torch, "save", _torch_save_fails_like_a_full_disk(torch.save))
+        monkeypatch.setattr(checkpoint, "probe_write", lambda directory: "No space left on device")
+        failed = tmp_path / ".checkpoint-4.tmp" / "optimizer.pt"
+    else:                              # safetensors carries "(os error 28)"
+        monkeypatch.setattr(safetensors.torch, "save_model", _safetensors_fails_like_a_full_disk)
+        failed = tmp_path / ".checkpoint-4.tmp" / "reference.safetensors"
+    with pytest.raises(CheckpointWriteError) as info:
+        save_checkpoint(tmp_path, 4, model, tok, optimizer=torch.optim.AdamW(model.parameters()), reference=model)
+    assert str(info.value) == (f"writing checkpoint {tmp_path / 'checkpoint-4'} failed: No space left on device "
+                               f"({failed}); earlier checkpoints are intact")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]     # the temporary is gone
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    verify_checkpoint(good)
+
+
+def test_a_runtime_error_that_is_not_the_disk_names_itself(tmp_path, monkeypatch):
+    _, model, tok = _saved(tmp_path, step=2)
+
+    def save(obj, f, *a, **k):
+        raise RuntimeError("cannot pickle this\nsecond line")
+
+    monkeypatch.setattr(torch, "save", save)       # the probe write succeeds: not a full disk
+    with pytest.raises(CheckpointWriteError, match=re.escape(
+            f"failed: RuntimeError: cannot pickle this ({tmp_path / '.checkpoint-4.tmp' / 'rng_state.pt'}); earlier")):
+        save_checkpoint(tmp_path, 4, model, tok, rng=rng_state())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]
+
+
+def test_write_failure_reason_reads_the_os_error():
+    from grpo.checkpoint import write_failure_reason
+
+    assert write_failure_reason(OSError(errno.EIO, os.strerror(errno.EIO)), Path("/")) == os.strerror(errno.EIO)
+    assert write_failure_reason(RuntimeError(SAFETENSORS_ENOSPC), Path("/")) == os.strerror(errno.ENOSPC)
+    assert write_failure_reason(RuntimeError("x"), Path("/no/such/dir")) == "RuntimeError: x"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_checkpoint_file_gets_the_mode_of_the_umask(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        tok = build_tokenizer()
+        model = build_model(tok, "micro", seed=0)
+        path = save_checkpoint(tmp_path, 2, model, tok, optimizer=torch.optim.AdamW(model.parameters()),
+                               rng=rng_state(), reference=model)
+    finally:
+        os.umask(previous)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in path.iterdir()}
+    assert {"model.safetensors", "reference.safetensors", "optimizer.pt", "manifest.json"} <= set(modes)
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes          # safetensors used to write 0600
+
+
+def _rewrite_manifest_files(path, keep):
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if keep(k)}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (lambda p: _rewrite_manifest_files(p, lambda k: False),
+     "checkpoint-2: config.json (and 7 more) is not listed in manifest.json (a partial manifest"),
+    (lambda p: _rewrite_manifest_files(p, lambda k: k != "optimizer.pt"),
+     "checkpoint-2: optimizer.pt is not listed in manifest.json"),
+    (lambda p: ((p / "trainer_state.json").unlink(), _rewrite_manifest_files(p, lambda k: k != "trainer_state.json")),
+     "checkpoint-2: manifest.json lists no trainer_state.json"),
+    (lambda p: ((p / "model.safetensors").unlink(), _rewrite_manifest_files(p, lambda k: k != "model.safetensors")),
+     "checkpoint-2: manifest.json lists no policy weights (model.safetensors or"),
+])
+def test_a_manifest_must_list_every_file_the_checkpoint_needs(tmp_path, edit, reason):
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    path = save_checkpoint(tmp_path, 2, model, tok, optimizer=torch.optim.AdamW(model.parameters()), rng=rng_state(),
+                           state={"epoch": 1})
+    edit(path)
+    with pytest.raises(CheckpointError, match=re.escape(reason)):
+        verify_checkpoint(path)
+
+
+def test_hidden_files_in_a_checkpoint_need_no_manifest_entry(tmp_path):
+    path, _, _ = _saved(tmp_path, state={"epoch": 1})
+    (path / ".DS_Store").write_bytes(b"finder")
+    verify_checkpoint(path)
+
+
 def test_replacing_a_checkpoint_and_pruning_leave_no_hidden_directories(tmp_path):
     tok = build_tokenizer()
     model = build_model(tok, "micro", seed=0)

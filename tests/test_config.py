@@ -57,3 +57,49 @@ def test_every_key_has_help():
     rows = field_help()
     assert [k for k, _, _ in rows] == valid_keys()
     assert all(h for _, _, h in rows)
+
+
+@pytest.mark.parametrize("flat,message", [
+    ({"optim.lr": float("inf")}, "config key 'optim.lr' must be a finite number, got inf"),
+    ({"optim.lr": "inf"}, "config key 'optim.lr' must be a finite number, got inf"),      # the command line's text
+    ({"optim.lr": float("nan")}, "config key 'optim.lr' must be a finite number, got nan"),
+    ({"reward.functions": ["accuracy", "format"], "reward.weights": [1.0, float("nan")]},
+     "config key 'reward.weights' must be a finite number, got nan"),
+    ({"algorithm.beta": float("inf")}, "config key 'algorithm.beta' must be a finite number, got inf"),
+    ({"optim.adam_beta2": 1.0}, "optim.adam_beta1 and optim.adam_beta2 must be in [0, 1)"),
+    ({"optim.weight_decay": -0.1}, "optim.weight_decay must be >= 0"),
+])
+def test_numbers_that_pass_as_floats_but_mean_nothing_name_the_key(flat, message):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides=flat)
+    assert str(info.value) == message
+
+
+def test_a_config_object_with_an_infinite_lr_or_weight_is_rejected_by_validate():
+    import dataclasses
+
+    from grpo.config_checks import validate
+
+    cfg = Config()
+    with pytest.raises(ConfigError, match="optim.lr must be a finite number > 0, got inf"):
+        validate(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=float("inf"))))
+    with pytest.raises(ConfigError, match=r"reward.weights must be finite numbers, got \[1.0, nan\]"):
+        validate(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, weights=[1.0, float("nan")])))
+
+
+@pytest.mark.parametrize("name,why", [
+    ("../metrics.jsonl", " (no directories, no '..')"),
+    ("/tmp/metrics.jsonl", " (no directories, no '..')"),
+    ("logs/metrics.jsonl", " (no directories, no '..')"),
+    ("..", " (no directories, no '..')"),
+    ("checkpoint-5", ": the run writes that name itself"),
+    (".checkpoint-5.tmp", ": the run writes that name itself"),
+    ("config.yaml", ": the run writes that name itself"),
+    (".grpo.lock", ": the run writes that name itself"),
+])
+def test_metrics_file_must_be_a_plain_file_name_inside_output_dir(name, why):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides={"log.metrics_file": name})
+    assert str(info.value).startswith(f"log.metrics_file must be a plain file name inside train.output_dir, "
+                                      f"got '{name}'{why}")
+    assert build_config(overrides={"log.metrics_file": "train-metrics.jsonl"}).log.metrics_file == "train-metrics.jsonl"

@@ -129,3 +129,46 @@ def test_cli_export(tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing"), str(tmp_path / "out2")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: checkpoint directory not found:") and err.count("\n") == 1
+
+
+def _training_checkpoint(tmp_path):
+    """A full training checkpoint (grpo.checkpoint.save_checkpoint) of a trained tiny Llama."""
+    from grpo.checkpoint import rng_state, save_checkpoint
+
+    base_dir = save_base(tmp_path / "base")
+    model, tok = load_policy(base_dir)
+    train_steps(model, tok, steps=2)
+    return save_checkpoint(tmp_path / "run", 2, model, tok, optimizer=torch.optim.AdamW(model.parameters()),
+                           rng=rng_state(), state={"epoch": 1}), model, tok, base_dir
+
+
+def test_export_verifies_the_manifest_of_a_training_checkpoint(tmp_path, capsys):
+    ckpt, model, tok, base_dir = _training_checkpoint(tmp_path)
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01                                   # one flipped bit in the weights
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["export", str(ckpt), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"error: cannot export {ckpt}: checkpoint-2: model.safetensors does not "
+                                       f"match its sha256 in manifest.json\n")
+    assert not (tmp_path / "out").exists()
+    manifest = json.loads((ckpt / "manifest.json").read_text())    # a manifest that leaves a file out
+    del manifest["files"]["model.safetensors"]
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["export", str(ckpt), str(tmp_path / "out")]) == 2
+    assert "checkpoint-2: model.safetensors is not listed in manifest.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_an_intact_checkpoint_exports_with_one_file_mode(tmp_path, umask):
+    import os
+
+    ckpt, model, tok, base_dir = _training_checkpoint(tmp_path)
+    previous = os.umask(umask)
+    try:
+        out = export_merged(ckpt, tmp_path / "export")
+    finally:
+        os.umask(previous)
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {oct(0o666 & ~umask)}   # weights too
+    assert_same_policy(model, tok, out, base_dir)

@@ -4,6 +4,7 @@ import errno
 import json
 import logging
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -106,8 +107,10 @@ def _weights(path):
     return load_file(str(path / "model.safetensors"))
 
 
+@pytest.mark.parametrize("raised", ["OSError", "RuntimeError"])
 def test_disk_full_while_saving_is_one_line_exit_2_and_the_run_resumes(env, reference_plain, tmp_path, monkeypatch,
-                                                                        capsys):
+                                                                        capsys, raised):
+    from grpo import checkpoint
     from grpo.cli import main
 
     out = tmp_path / "run"
@@ -118,7 +121,11 @@ def test_disk_full_while_saving_is_one_line_exit_2_and_the_run_resumes(env, refe
         real_save(obj, f, *a, **k)
         if "checkpoint-4" in str(f):
             Path(f).write_bytes(Path(f).read_bytes()[:100])
+            if raised == "RuntimeError":  # what torch really raises (tests/test_checkpoint.py: a real full disk)
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
             raise OSError(errno.ENOSPC, "No space left on device", str(f))
+
+    monkeypatch.setattr(checkpoint, "probe_write", lambda directory: "No space left on device")
 
     monkeypatch.setattr(torch, "save", save)
     assert main(cli_argv(flat)) == 2
@@ -130,6 +137,63 @@ def test_disk_full_while_saving_is_one_line_exit_2_and_the_run_resumes(env, refe
     monkeypatch.setattr(torch, "save", real_save)
     run_in_process(flat, **{"train.resume": "auto"})
     assert_same_run(reference_plain, out, 6)
+
+
+def _pages(path: Path) -> int:
+    """Bytes a file takes on a tmpfs (whole pages)."""
+    import os
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    return -(-path.stat().st_size // page) * page
+
+
+@contextmanager
+def small_tmpfs(mount_point: Path, size: int):
+    """A tmpfs of `size` bytes at `mount_point`; the test is skipped where mounting is not permitted."""
+    import subprocess
+
+    mount_point.mkdir()
+    try:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                              capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command here: a real full filesystem cannot be made")
+    if proc.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({proc.stderr.strip() or proc.returncode}); "
+                    "it needs root or CAP_SYS_ADMIN")
+    try:
+        yield mount_point
+    finally:
+        busy = subprocess.run(["umount", str(mount_point)], capture_output=True).returncode != 0
+        if busy:
+            subprocess.run(["umount", "-l", str(mount_point)])      # detach it anyway
+    assert not busy, "a file on the full disk was left open (its space is not freed while it is)"
+
+
+@pytest.mark.slow
+def test_a_real_full_disk_is_one_line_exit_2_and_the_run_resumes(env, reference_plain, tmp_path, capsys):
+    """A tmpfs with room for checkpoint-2 and half of checkpoint-4: torch.save hits ENOSPC in optimizer.pt
+    (it raises RuntimeError, 'unexpected pos ...'); the run stops with the documented line."""
+    from grpo.cli import main
+
+    ckpt2, ckpt4 = reference_plain / "checkpoint-2", reference_plain / "checkpoint-4"
+    state_files = ("optimizer.pt", "rng_state.pt", "trainer_state.json", "manifest.json")
+    size = (sum(_pages(p) for p in ckpt2.iterdir()) + _pages(reference_plain / "config.yaml")
+            + _pages(reference_plain / "metrics.jsonl") + 4096                          # metrics, the lock file
+            + sum(_pages(p) for p in ckpt4.iterdir() if p.name not in state_files)     # checkpoint-4's model files
+            + _pages(ckpt4 / "optimizer.pt") // 2)                                      # and half its optimizer.pt
+    with small_tmpfs(tmp_path / "small", size) as disk:
+        out = disk / "run"
+        capsys.readouterr()
+        assert main(cli_argv(tiny_config(*env, out))) == 2
+        err = capsys.readouterr().err
+        assert err == (f"error: writing checkpoint {out / 'checkpoint-4'} failed: No space left on device "
+                       f"({out / '.checkpoint-4.tmp' / 'optimizer.pt'}); earlier checkpoints are intact\n")
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.yaml", "metrics.jsonl"]
+        verify_checkpoint(out / "checkpoint-2")
+        shutil.copytree(out, tmp_path / "run")                 # continue on a disk with room
+    run_in_process(tiny_config(*env, tmp_path / "run"), **{"train.resume": "auto"})
+    assert_same_run(reference_plain, tmp_path / "run", 6)
 
 
 def test_no_valid_checkpoint_is_an_error_and_nothing_is_touched(env, tmp_path):
@@ -174,6 +238,29 @@ def test_a_fresh_run_in_a_used_directory_starts_over(env, tmp_path, caplog):
         run_in_process(tiny_config(*env, out, **{"train.max_steps": 2}))
     assert any("starting over at step 0 because train.resume=never" in r.getMessage() for r in caplog.records)
     assert [r["step"] for r in records(out)] == [1, 2]
+
+
+@pytest.mark.parametrize("resume", ["never", "auto"])
+def test_a_run_failing_at_its_first_step_leaves_an_existing_directory_byte_identical(env, tmp_path, resume, capsys):
+    from grpo.cli import main
+
+    out = tmp_path / "run"
+    run_in_process(tiny_config(*env, out, **{"train.max_steps": 4}))
+    (out / "checkpoint-4" / "manifest.json").unlink()          # auto would set it aside as checkpoint-4.invalid
+    (out / ".checkpoint-6.tmp").mkdir()                         # a leftover the run would clear
+    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text() + '{"step": 5, "torn')
+    before = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    failing = tmp_path / "fails.py"
+    failing.write_text("def fails(prompts, completions, **kw):\n    raise ValueError('reward server down')\n")
+    flat = tiny_config(*env, out, **{"train.max_steps": 6, "optim.lr": 0.5, "reward.functions": [f"{failing}:fails"],
+                                     "train.resume": resume})
+    capsys.readouterr()
+    assert main(cli_argv(flat)) == 2
+    assert "reward server down" in capsys.readouterr().err
+    after = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after == before                                      # config.yaml, metrics.jsonl, checkpoints: as they were
+    assert sorted(p.name for p in out.iterdir()) == [".checkpoint-6.tmp", "checkpoint-2", "checkpoint-4", "config.yaml",
+                                                     "metrics.jsonl"]
 
 
 def test_resume_auto_without_a_checkpoint_starts_at_step_zero(env, tmp_path, capsys):
@@ -245,3 +332,28 @@ def test_sigkill_and_resume_with_lora_in_subprocesses(env, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resuming from" in proc.stderr and "checkpoint-2" in proc.stderr
     assert_same_run(a, b, 6)
+
+
+def test_an_lr_change_on_resume_is_applied(env, tmp_path, caplog):
+    out = tmp_path / "run"
+    run_in_process(tiny_config(*env, out, **{"train.max_steps": 2}))
+    with caplog.at_level(logging.WARNING):
+        result = run_in_process(tiny_config(*env, out, **{"train.max_steps": 3, "optim.lr": 0.5,
+                                                           "train.resume": "auto"}))
+    assert [r["optim/lr"] for r in records(out)] == [1e-2, 1e-2, 0.5]      # metrics show the new lr
+    message = next(r.getMessage() for r in caplog.records if "changed config" in r.getMessage())
+    assert "applied from step 3 on" in message and "optim.lr: 0.01 -> 0.5" in message
+    ckpt = read_checkpoint(result.checkpoint)                             # and the scheduler carries it on
+    assert ckpt.optim["scheduler"]["base_lrs"] == [0.5] and ckpt.optim["optimizer"]["param_groups"][0]["lr"] == 0.5
+
+
+def test_a_change_that_cannot_apply_on_resume_is_an_error_naming_the_key(env, tmp_path):
+    from grpo.config import ConfigError
+
+    out = tmp_path / "run"
+    lora = {"lora.enabled": True, "lora.r": 4, "train.max_steps": 2}
+    run_in_process(tiny_config(*env, out, **lora))
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    with pytest.raises(ConfigError, match=r"cannot resume checkpoint-2 with a changed lora.r \(4 -> 8\): the adapter"):
+        run_in_process(tiny_config(*env, out, **{**lora, "lora.r": 8, "train.max_steps": 3, "train.resume": "auto"}))
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before

@@ -241,7 +241,7 @@ async def async_fails_on_bad(prompts, completions, **kw):
     (lambda **kw: [1.0, "2", 1.0], 1, "reward function 'f' returned '2': expected a finite number or None for "
                                             "completion 1 ('a bad one')"),
     (lambda **kw: [1.0], None, "reward function 'f' must return one value per completion (3), got 1"),
-    (lambda **kw: None, None, "reward function 'f' must return one value per completion (3), got None"),
+    (lambda **kw: None, None, "reward function 'f' must return a list of one value per completion (3), got None"),
 ])
 def test_errors_name_the_function_and_the_completion(fn, index, message):
     with pytest.raises(RewardError) as info:
@@ -311,3 +311,167 @@ def test_metrics_ignore_rows_without_any_reward():
     s = score([("f", lambda **kw: [None, 1.0, 3.0])], None, ["p"] * 3, ["a", "b", "c"], {})
     m = reward_metrics(s)
     assert (m["reward/total/mean"], m["reward/f/mean"], m["reward/f/none_frac"]) == (2.0, 2.0, pytest.approx(1 / 3))
+
+
+# ---------------------------------------------------------------- containment of user code (docs/reliability.md)
+
+
+def quits(completions, **kwargs):
+    import sys
+
+    sys.exit(0)                          # would end the run with exit code 0 and no checkpoint
+
+
+async def quits_async(completions, **kwargs):
+    raise SystemExit(3)                  # would stop the event loop
+
+
+class Escape(BaseException):
+    """A BaseException that is neither SystemExit nor KeyboardInterrupt."""
+
+
+def escapes(completions, **kwargs):
+    raise Escape("out")
+
+
+@pytest.mark.parametrize("fn,raised", [(quits, "SystemExit: 0"), (quits_async, "SystemExit: 3"),
+                                       (escapes, "Escape: out")])
+def test_sys_exit_and_other_base_exceptions_in_a_reward_are_one_line_errors(fn, raised):
+    with pytest.raises(RewardError) as info:
+        score([("f", fn)], None, ["p", "q"], ["a", "b"], {})
+    assert str(info.value) == f"reward function 'f' raised {raised} for completion 0 ('a') (and 1 more completions)"
+    s = score([("f", fn), ("ok", fmt)], None, ["p", "q"], ["a", "<b"], {}, on_error="zero")
+    assert s.per_function.tolist() == [[0.0, 0.0], [0.0, 0.5]] and s.errors == {"f": 2, "ok": 0}
+
+
+def test_keyboard_interrupt_in_a_reward_still_stops():
+    def interrupted(completions, **kwargs):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        score([("f", interrupted)], None, ["p"], ["a"], {}, on_error="zero")
+
+
+@pytest.mark.parametrize("out,got", [
+    ({"a": 1.0, "b": 0.0}, "a dict"),                  # was read by its keys
+    ({1.0, 0.0}, "a set"),
+    ((v for v in [1.0, 0.0]), "a generator"),
+    ("10", "a str"),
+    (1.0, "a float"),
+])
+def test_a_reward_must_return_a_list_not_a_dict_set_generator_or_string(out, got):
+    with pytest.raises(RewardError) as info:
+        score([("f", lambda **kw: out)], None, ["p", "q"], ["a", "b"], {})
+    assert str(info.value) == f"reward function 'f' must return a list of one value per completion (2), got {got}"
+
+
+def test_tuples_arrays_and_tensors_are_sequences_of_values():
+    import numpy as np
+
+    fns = [("tuple", lambda **kw: (1.0, None)), ("array", lambda **kw: np.array([2.0, 0.5])),
+           ("tensor", lambda **kw: torch.tensor([0.25, 3.0]))]
+    table = score(fns, None, ["p", "q"], ["a", "b"], {}).per_function.tolist()
+    assert table == [[1.0, 2.0, 0.25], [pytest.approx(math.nan, nan_ok=True), 0.5, 3.0]]
+
+
+def test_each_reward_gets_its_own_copy_of_its_arguments():
+    def vandal(prompts, completions, answer, completion_ids, **kwargs):
+        completions[0][0]["content"] = "hacked"          # a chat completion's message
+        completions.append("extra")
+        prompts[0].clear()                               # the prompt's message list (shared by the group)
+        answer[0] = "wrong"
+        completion_ids[1].append(99)
+        return [0.0] * 2
+
+    seen = []
+
+    def witness(prompts, completions, answer, completion_ids, **kwargs):
+        seen.append((prompts, completions, answer, completion_ids))
+        return [1.0] * len(completions)
+
+    chat = [{"role": "user", "content": "q"}]
+    prompts = [chat, chat]
+    completions = [[{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]]
+    columns = {"answer": ["1", "2"], "completion_ids": [[5], [6, 7]]}
+    original = (repr(prompts), repr(completions), repr(columns))
+    score([("vandal", vandal), ("witness", witness)], None, prompts, completions, columns)
+    assert seen == [([chat, chat], [[{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]],
+                     ["1", "2"], [[5], [6, 7]])]
+    assert (repr(prompts), repr(completions), repr(columns)) == original     # the caller's values are untouched
+
+
+def test_own_copy_shares_nothing_mutable():
+    from grpo.rewards.scoring import own_copy
+
+    value = [[1, 2], ("x", [3]), {"k": [4]}, "s", None]
+    copied = own_copy(value)
+    assert copied == value and copied is not value
+    assert copied[0] is not value[0] and copied[1][1] is not value[1][1] and copied[2]["k"] is not value[2]["k"]
+
+
+@pytest.fixture
+def release():
+    """An event the hanging rewards wait on; set at the end so their abandoned threads finish."""
+    import threading
+
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def test_a_hanging_reward_times_out_naming_the_function(release):
+    import time
+
+    def hangs(completions, **kwargs):
+        release.wait(30)
+        return [1.0] * len(completions)
+
+    async def hangs_async(completions, **kwargs):
+        await asyncio.sleep(30)
+
+    async def blocks_its_loop(completions, **kwargs):     # never awaits: only the loop's thread can be given up
+        release.wait(30)
+
+    for fn in (hangs, hangs_async):
+        t0 = time.perf_counter()
+        with pytest.raises(RewardError) as info:
+            score([("ok", fmt), (fn.__name__, fn)], None, ["p", "q"], ["a", "b"], {}, timeout_s=0.2)
+        assert str(info.value) == (f"reward function '{fn.__name__}' did not return within reward.timeout_s=0.2 s "
+                                   f"on the batch of 2 completions")
+        assert time.perf_counter() - t0 < 1.0
+    t0 = time.perf_counter()
+    s = score([("ok", fmt), ("blocks", blocks_its_loop)], None, ["p", "q"], ["a", "<b"], {}, on_error="zero",
+              timeout_s=0.2)
+    assert s.per_function.tolist() == [[0.0, 0.0], [0.5, 0.0]] and s.errors == {"ok": 0, "blocks": 2}
+    assert time.perf_counter() - t0 < 0.2 + 1.0 + 0.8    # timeout + LOOP_GRACE_S + slack
+
+
+def test_with_a_timeout_fast_rewards_are_unchanged_and_async_ones_still_run_concurrently():
+    fns = [("acc", accuracy_reward), ("fmt", fmt), ("short", inverse_length), ("judge", judge)]
+    args = (None, ["2+2", "3+3"], ["4", "<b> 3+3 6"], {"solution": ["4", "7"], "completion_ids": [[5, 6], [1, 2, 3, 4]]})
+    assert score(fns, *args, timeout_s=5.0).per_function.tolist() == score(fns, *args).per_function.tolist()
+
+
+def test_a_reward_that_applies_to_no_completion_warns_once(caplog):
+    import logging
+
+    from grpo.rewards.scoring import _WARNED_NO_SIGNAL
+
+    _WARNED_NO_SIGNAL.discard("never_applies")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            score([("never_applies", lambda **kw: [None, None]), ("ok", fmt)], None, ["p", "q"], ["a", "b"],
+                  {"answer": ["1", "2"]})
+    lines = [r.getMessage() for r in caplog.records if "never_applies" in r.getMessage()]
+    assert lines == ["warning: reward function 'never_applies' returned None for all 2 completions of a batch: it "
+                     "applies to none of them and gives no learning signal (does it get the columns it needs? it "
+                     "was called with prompts, completions, answer)"]
+
+
+def test_reward_timeout_config_key():
+    from grpo.config import ConfigError, build_config
+
+    assert build_config().reward.timeout_s == 0.0
+    assert build_config(overrides={"reward.timeout_s": 30}).reward.timeout_s == 30.0
+    with pytest.raises(ConfigError, match="reward.timeout_s must be >= 0"):
+        build_config(overrides={"reward.timeout_s": -1})

@@ -138,3 +138,38 @@ def test_external_sigterm_to_a_training_process(env, tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert twice.returncode == -signal.SIGTERM
     assert json.loads((tmp_path / "twice" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+
+
+HANGS_ON_FIRST_CALL = """\
+import os, signal, time
+
+calls = []
+
+def hangs(completions, **kwargs):
+    calls.append(1)
+    if len(calls) == 1:                      # step 1: SIGTERM arrives while the reward hangs
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(3)                        # the abandoned worker thread ends on its own later
+    return [float(len(c)) for c in completions]
+"""
+
+
+def test_sigterm_during_a_hung_reward_still_stops_with_a_checkpoint(env, tmp_path):
+    reward = tmp_path / "hang.py"
+    reward.write_text(HANGS_ON_FIRST_CALL)
+    flat = tiny_config(env[0], f"{reward}:hangs", tmp_path / "run",
+                       **{"reward.timeout_s": 0.3, "reward.reward_errors": "zero"})
+    t0 = time.perf_counter()
+    result = run_in_process(flat)
+    assert (result.stopped_by, result.steps, result.checkpoint) == ("SIGTERM", 1, tmp_path / "run" / "checkpoint-1")
+    assert time.perf_counter() - t0 < 3                            # the timeout gave control back, not the sleep
+    assert records(tmp_path / "run")[0]["reward/hangs/errors"] == 8     # B * G = 2 * 4 completions zeroed
+
+
+def test_sys_exit_in_a_reward_is_a_one_line_error_not_a_clean_exit(env, tmp_path, capsys):
+    reward = tmp_path / "quits.py"
+    reward.write_text("import sys\n\ndef quits(completions, **kwargs):\n    sys.exit(0)\n")
+    code = main(cli_argv(tiny_config(env[0], f"{reward}:quits", tmp_path / "run")))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: reward function 'quits' raised SystemExit: 0 for completion 0 (")
+    assert list_checkpoints(tmp_path / "run") == []

@@ -112,7 +112,7 @@ def run_check(cfg: Config, completions_path: str | Path) -> str:
     data = read_completions(completions_path, dataset_rows(cfg))
     try:
         scored = score(rewards, cfg.reward.weights, data.prompts, data.completions, data.columns,
-                       on_error=cfg.reward.reward_errors)
+                       on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s)
     except RewardError as e:
         where = data.where[e.index] if e.index is not None else str(completions_path)
         raise RewardError(f"{where}: {e}", e.index) from None

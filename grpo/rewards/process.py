@@ -28,13 +28,14 @@ def split_steps(completion: str, delimiter: str) -> list[str]:
 
 
 def score_steps(functions, prompts: list, completions: list, columns: dict[str, list],
-                delimiter: str) -> list[list[float]]:
+                delimiter: str, timeout_s: float = 0.0) -> list[list[float]]:
     """Per completion, the summed step rewards of every step-reward function ([] = no reward);
-    each is called as ``fn(prompts=, completions=, steps=, **columns)``."""
+    each is called as ``fn(prompts=, completions=, steps=, **columns)``, bounded by ``timeout_s``
+    (``reward.timeout_s``, 0 = no limit)."""
     steps = [split_steps(as_text(c), delimiter) for c in completions]
     totals: list[list[float]] = [[] for _ in completions]
     for name, fn in functions:
-        out = _call(name, fn, prompts, completions, {**columns, "steps": steps})
+        out = _call(name, fn, prompts, completions, {**columns, "steps": steps}, timeout_s)
         for i, values in enumerate(out):
             if values is None:
                 continue

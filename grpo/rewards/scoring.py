@@ -16,8 +16,20 @@ after the other; ``async def`` functions (anything returning an awaitable) are t
 *concurrently*, all in one event loop (``asyncio.gather``). When the caller is itself inside a
 running event loop (a notebook), that loop is left alone and the gather runs in a helper thread.
 
-Errors (a function raises, returns the wrong number of values, or a value that is not a finite
-number or None) are handled by the ``on_error`` mode (``reward.reward_errors``):
+User code is contained: each function gets its own copy of ``prompts``, ``completions`` and every
+column list (mutating them changes nothing another function or the trainer sees); whatever it
+raises, ``SystemExit`` and other ``BaseException`` included (only ``KeyboardInterrupt`` passes
+through), is an error of that function; its output must be a list or tuple (or a 1-D array or
+tensor), never a dict, set, string or generator. ``timeout_s`` > 0 (``reward.timeout_s``) bounds
+every call: a sync function then runs in a daemon worker thread, which is abandoned if it does not
+return in time (Python cannot stop a thread); awaitables are cancelled; a coroutine that blocks its
+event loop is given up after ``timeout_s`` + :data:`LOOP_GRACE_S`. A timed-out call is an error of
+the whole batch (the function is not called again sample by sample). ``timeout_s`` = 0 calls sync
+functions in the calling thread, as TRL does (code that relies on ``signal.alarm``, e.g.
+math-verify's own time limits, needs the main thread).
+
+Errors (a function raises, times out, returns something that is not a list of one value per
+completion, or a value that is not a finite number or None) are handled by the ``on_error`` mode (``reward.reward_errors``):
 
 * ``raise`` (default): a one-line :class:`RewardError` naming the function and the completion
   (index and a short excerpt; ``RewardError.index``). When the call on the whole batch raises, the
@@ -33,10 +45,13 @@ number or None) are handled by the ``on_error`` mode (``reward.reward_errors``):
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 import math
 import numbers
+import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -54,6 +69,12 @@ Checker = Callable[[Any], "tuple[Any, str | None]"]
 REWARD_ERROR_MODES = ("raise", "zero")
 #: Characters of a completion quoted in error messages.
 EXCERPT_CHARS = 60
+#: With a timeout, extra seconds given to the event loop of the async functions to wind down.
+LOOP_GRACE_S = 1.0
+#: Values that need no copy (immutable).
+_ATOMS = frozenset({str, int, float, bool, bytes, complex, type(None)})
+#: Names of the functions already warned about for returning None on a whole batch (warned once each).
+_WARNED_NO_SIGNAL: set[str] = set()
 
 
 class RewardError(ValueError):
@@ -79,6 +100,13 @@ class Failure:
 
 class ArgumentMismatch(Exception):
     """A reward function's parameters cannot take the keyword arguments of the call (not called)."""
+
+
+class RewardTimeout(Exception):
+    """A reward call that did not return within ``reward.timeout_s`` (its message follows the name)."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(f"did not return within reward.timeout_s={timeout_s:g} s")
 
 
 #: Appended to errors caused by a reward function's signature.
@@ -115,43 +143,127 @@ def argument_problem(fn: RewardFn, kwargs: dict[str, Any]) -> str | None:
     return None
 
 
-def _start(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> Any:
-    """``fn(prompts=, completions=, **columns)``: its result, awaitable, or the exception it raised
-    (an :class:`ArgumentMismatch`, without calling it, when its parameters cannot take the keywords)."""
-    kwargs = reward_kwargs(prompts, completions, columns)
+def own_copy(value: Any) -> Any:
+    """A copy of a reward argument that shares nothing mutable with ``value`` (lists, tuples and dicts
+    copied level by level, fast for flat lists of numbers or strings; other objects deep-copied)."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind in (list, tuple):
+        if _ATOMS.issuperset(map(type, value)):         # e.g. completion ids: one C-level pass
+            return kind(value)
+        return kind(own_copy(v) for v in value)
+    if kind is dict:
+        return {k: own_copy(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+def _call_contained(fn: RewardFn, kwargs: dict[str, Any]) -> Any:
+    """``fn(**kwargs)`` or whatever it raised, SystemExit included (only KeyboardInterrupt passes)."""
+    try:
+        return fn(**kwargs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a user's function: reported with its name by the caller
+        return e
+
+
+def in_thread(call: Callable[[], Any], timeout_s: float) -> Any:
+    """``call()`` in a daemon thread: its result, the exception it raised, or :class:`RewardTimeout`
+    when it has not returned after ``timeout_s`` (the thread is then abandoned: Python cannot stop it;
+    being a daemon it does not keep the process alive). Signal handlers keep running meanwhile."""
+    box: list = []
+
+    def target() -> None:
+        try:
+            box.append(call())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as a value
+            box.append(e)
+
+    thread = threading.Thread(target=target, name="grpo-reward", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return box[0] if box else RewardTimeout(timeout_s)
+
+
+def _start(fn: RewardFn, prompts: list, completions: list, columns: dict[str, list], timeout_s: float = 0.0) -> Any:
+    """``fn(prompts=, completions=, **columns)`` on its own copies of the arguments: its result,
+    awaitable, or the exception it raised (an :class:`ArgumentMismatch`, without calling it, when its
+    parameters cannot take the keywords; a :class:`RewardTimeout` when ``timeout_s`` > 0 ran out)."""
+    kwargs = reward_kwargs(own_copy(prompts), own_copy(completions), {k: own_copy(v) for k, v in columns.items()})
     problem = argument_problem(fn, kwargs)
     if problem:
         return ArgumentMismatch(f"cannot take its arguments: {problem} (called with {', '.join(kwargs)}); "
                                 f"{CALL_HINT}")
+    if timeout_s > 0:
+        return in_thread(lambda: _call_contained(fn, kwargs), timeout_s)
+    return _call_contained(fn, kwargs)
+
+
+async def _contained(awaitable: Any) -> Any:
+    """The awaitable's result or whatever it raised (cancellation and KeyboardInterrupt pass through)."""
     try:
-        return fn(**kwargs)
-    except Exception as e:  # a user's function: reported with its name by the caller
+        return await awaitable
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit would otherwise stop the event loop
         return e
 
 
-async def _gather(awaitables: list) -> list:
-    return await asyncio.gather(*awaitables, return_exceptions=True)
+async def _settle(awaitable: Any, timeout_s: float) -> Any:
+    """The awaitable's result, what it raised, or RewardTimeout after ``timeout_s`` (0 = no limit)."""
+    task = asyncio.ensure_future(_contained(awaitable))
+    done, _ = await asyncio.wait({task}, timeout=timeout_s or None)
+    if not done:
+        task.cancel()
+        return RewardTimeout(timeout_s)
+    return asyncio.CancelledError("the reward's task was cancelled") if task.cancelled() else task.result()
 
 
-def _await_all(awaitables: list) -> list:
-    """Results of the awaitables, run concurrently in one event loop (exceptions returned as values)."""
+async def _settle_all(awaitables: list, timeout_s: float, results: list) -> None:
+    """Await all concurrently; results[i] gets each one's outcome as soon as it has one."""
+    async def one(i: int, awaitable: Any) -> None:
+        results[i] = await _settle(awaitable, timeout_s)
+
+    await asyncio.gather(*(one(i, a) for i, a in enumerate(awaitables)))
+
+
+def _await_all(awaitables: list, timeout_s: float = 0.0) -> list:
+    """Outcomes of the awaitables, run concurrently in one event loop (exceptions returned as values).
+
+    With ``timeout_s`` > 0 the loop runs in a daemon thread given ``timeout_s`` + LOOP_GRACE_S, so a
+    coroutine that blocks its loop (no await) cannot hold the run either: what has not finished then
+    is a RewardTimeout."""
+    results: list = [RewardTimeout(timeout_s)] * len(awaitables)
+
+    def run() -> None:
+        asyncio.run(_settle_all(awaitables, timeout_s, results))
+
+    if timeout_s > 0:
+        failed = in_thread(run, timeout_s + LOOP_GRACE_S)
+        if isinstance(failed, BaseException) and not isinstance(failed, RewardTimeout):
+            raise failed
+        return list(results)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_gather(awaitables))
+        run()
+        return results
     with ThreadPoolExecutor(max_workers=1) as pool:  # inside a running loop: use a fresh one elsewhere
-        return pool.submit(asyncio.run, _gather(awaitables)).result()
+        pool.submit(run).result()
+    return results
 
 
-def run_calls(calls: list[tuple[RewardFn, list, list, dict[str, list]]]) -> list:
+def run_calls(calls: list[tuple[RewardFn, list, list, dict[str, list]]], timeout_s: float = 0.0) -> list:
     """Run every ``(fn, prompts, completions, columns)`` call by keyword; async ones concurrently.
 
-    Returns one entry per call: the function's output or the exception it raised.
+    Returns one entry per call: the function's output or the exception it raised (a RewardTimeout
+    when ``timeout_s`` > 0 ran out).
     """
-    results = [_start(*call) for call in calls]
+    results = [_start(*call, timeout_s) for call in calls]
     pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
     if pending:
-        for i, value in zip(pending, _await_all([results[i] for i in pending])):
+        for i, value in zip(pending, _await_all([results[i] for i in pending], timeout_s)):
             results[i] = value
     return results
 
@@ -207,17 +319,31 @@ def unchecked(value: Any) -> tuple[Any, None]:
     return value, None
 
 
-def shape_problem(out: Any, n: int) -> str | None:
-    """Why ``out`` is not a sequence of n values (None when it is)."""
-    if not isinstance(out, (str, bytes)) and hasattr(out, "__len__") and len(out) == n:
-        return None
-    got = len(out) if hasattr(out, "__len__") and not isinstance(out, (str, bytes)) else repr(out)[:40]
-    return f"must return one value per completion ({n}), got {got}"
+def as_values(out: Any) -> list | None:
+    """A function's output as a list: a list, tuple or other sequence, or a 1-D numpy array or torch
+    tensor; None for anything else (a dict would be read by its keys, a set in no order, a string by
+    its characters, a generator at most once)."""
+    if isinstance(out, Sequence) and not isinstance(out, (str, bytes, bytearray)):
+        return list(out)
+    if type(out).__name__ in ("ndarray", "Tensor") and getattr(out, "ndim", None) == 1:
+        return out.tolist()
+    return None
+
+
+def shape_problem(out: Any, n: int) -> tuple[list | None, str | None]:
+    """(``out`` as a list of n values, None), or (None, why it is not one)."""
+    values = as_values(out)
+    if values is None:
+        got = "None" if out is None else f"a {type(out).__name__}"
+        return None, f"must return a list of one value per completion ({n}), got {got}"
+    if len(values) != n:
+        return None, f"must return one value per completion ({n}), got {len(values)}"
+    return values, None
 
 
 def check_output(name: str, out: Any, completions: list, check: Checker = check_value) -> tuple[list, list[Failure]]:
     """A batch output (not an exception) as one checked value per completion, and the failures."""
-    problem = shape_problem(out, len(completions))
+    out, problem = shape_problem(out, len(completions))
     if problem:
         return [None] * len(completions), [Failure(None, f"reward function '{name}' {problem}")]
     values, failures = [], []
@@ -230,19 +356,22 @@ def check_output(name: str, out: Any, completions: list, check: Checker = check_
 
 
 def locate(name: str, fn: RewardFn, prompts: list, completions: list, columns: dict[str, list],
-           check: Checker = check_value) -> tuple[list, list[Failure]]:
+           check: Checker = check_value, timeout_s: float = 0.0) -> tuple[list, list[Failure]]:
     """After a batch call raised: call ``fn`` once per completion (async ones concurrently).
 
     Returns the per-completion values and one failure per completion that fails alone.
     """
-    outs = run_calls([(fn, [prompts[i]], [completions[i]], row_columns(columns, i)) for i in range(len(completions))])
+    outs = run_calls([(fn, [prompts[i]], [completions[i]], row_columns(columns, i)) for i in range(len(completions))],
+                     timeout_s)
     values, failures = [], []
     for i, out in enumerate(outs):
         value, problem, hint = None, None, ""
-        if isinstance(out, Exception):
+        if isinstance(out, RewardTimeout):
+            problem = str(out)
+        elif isinstance(out, BaseException):
             problem, hint = f"raised {describe(out)}", call_hint(out)
         else:
-            problem = shape_problem(out, 1)
+            out, problem = shape_problem(out, 1)
             if problem is None:
                 value, problem = check(out[0])
         if problem:
@@ -258,14 +387,18 @@ def report(failures: list[Failure]) -> str:
 
 
 def find_failures(name: str, fn: RewardFn, out: Any, prompts: list, completions: list,
-                  columns: dict[str, list], check: Checker = check_value) -> tuple[list, list[Failure]]:
+                  columns: dict[str, list], check: Checker = check_value,
+                  timeout_s: float = 0.0) -> tuple[list, list[Failure]]:
     """Checked values of one function's batch output and its failures; when the batch call raised,
     the failing completions are located by calling the function once per completion."""
-    if not isinstance(out, Exception):
+    if not isinstance(out, BaseException):
         return check_output(name, out, completions, check)
     if isinstance(out, ArgumentMismatch):   # every call would fail alike: no per-completion search
         return [None] * len(completions), [Failure(None, f"reward function '{name}' {out}", fatal=True)]
-    values, failures = locate(name, fn, prompts, completions, columns, check)
+    if isinstance(out, RewardTimeout):      # a search could take a timeout per completion: the batch fails
+        return [None] * len(completions), [Failure(None, f"reward function '{name}' {out} on the batch of "
+                                                         f"{len(completions)} completions")]
+    values, failures = locate(name, fn, prompts, completions, columns, check, timeout_s)
     if not failures:
         failures = [Failure(None, f"reward function '{name}' raised {describe(out)} on the batch of "
                                   f"{len(completions)} completions, but no single completion fails alone"
@@ -274,13 +407,13 @@ def find_failures(name: str, fn: RewardFn, out: Any, prompts: list, completions:
 
 
 def resolve(name: str, fn: RewardFn, out: Any, prompts: list, completions: list, columns: dict[str, list],
-            on_error: str) -> tuple[list, int]:
+            on_error: str, timeout_s: float = 0.0) -> tuple[list, int]:
     """Checked values of one function for the batch and how many were zeroed (``on_error`` = zero).
 
     ``raise`` mode raises a one-line RewardError on the first failure, and so does ``zero`` mode
     when the function cannot take its arguments.
     """
-    values, failures = find_failures(name, fn, out, prompts, completions, columns)
+    values, failures = find_failures(name, fn, out, prompts, completions, columns, timeout_s=timeout_s)
     if not failures:
         return values, 0
     if on_error == "raise" or any(f.fatal for f in failures):
@@ -296,24 +429,36 @@ def resolve(name: str, fn: RewardFn, out: Any, prompts: list, completions: list,
 # ---------------------------------------------------------------- scoring
 
 
+def warn_no_signal(name: str, values: list, argument_names: list[str]) -> None:
+    """Warn once per function name when it returned None for every completion of a batch."""
+    if not values or any(v is not None for v in values) or name in _WARNED_NO_SIGNAL:
+        return
+    _WARNED_NO_SIGNAL.add(name)
+    log.warning("warning: reward function '%s' returned None for all %d completions of a batch: it applies to "
+                "none of them and gives no learning signal (does it get the columns it needs? it was called with "
+                "%s)", name, len(values), ", ".join(argument_names))
+
+
 def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, prompts: list,
-          completions: list, columns: dict[str, list], on_error: str = "raise") -> Scored:
+          completions: list, columns: dict[str, list], on_error: str = "raise", timeout_s: float = 0.0) -> Scored:
     """Run every reward function and combine: total_i = sum_k w_k r_ik over the k with r_ik not None.
 
     A completion for which every function returned None gets total NaN ("no reward"; the advantage
     estimators give it advantage 0). ``Scored.errors`` maps every function name to the number of
     completions whose reward became 0.0 because of an error (always 0 with ``on_error="raise"``).
+    ``timeout_s`` > 0 bounds every call (``reward.timeout_s``; see the module docstring).
 
     Shape: N completions -> per_function [N, R] (NaN = None), total [N]
     """
     if on_error not in REWARD_ERROR_MODES:
         raise RewardError(f"reward_errors must be one of {' | '.join(REWARD_ERROR_MODES)}, got '{on_error}'")
     weights = weights or [1.0] * len(functions)
-    outs = run_calls([(fn, prompts, completions, columns) for _, fn in functions])
+    outs = run_calls([(fn, prompts, completions, columns) for _, fn in functions], timeout_s)
     table = torch.full((len(completions), len(functions)), float("nan"), device="cpu")   # host-side, as the rewards
     errors: dict[str, int] = {}
     for k, ((name, fn), out) in enumerate(zip(functions, outs)):
-        values, count = resolve(name, fn, out, prompts, completions, columns, on_error)
+        values, count = resolve(name, fn, out, prompts, completions, columns, on_error, timeout_s)
+        warn_no_signal(name, values, ["prompts", "completions", *columns])
         errors[name] = errors.get(name, 0) + count          # a name listed twice: counts add up
         table[:, k] = torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float32,
                                    device=table.device)
@@ -323,11 +468,12 @@ def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, pr
     return Scored(names=[n for n, _ in functions], per_function=table, total=total, errors=errors)
 
 
-def call_one(name: str, fn: RewardFn, prompts: list, completions: list, columns: dict[str, list]) -> list:
+def call_one(name: str, fn: RewardFn, prompts: list, completions: list, columns: dict[str, list],
+             timeout_s: float = 0.0) -> list:
     """One function's output, one unchecked entry per completion (e.g. per-step reward lists);
     errors are one-line RewardErrors naming the function and, when found, the completion."""
-    out = run_calls([(fn, prompts, completions, columns)])[0]
-    values, failures = find_failures(name, fn, out, prompts, completions, columns, unchecked)
+    out = run_calls([(fn, prompts, completions, columns)], timeout_s)[0]
+    values, failures = find_failures(name, fn, out, prompts, completions, columns, unchecked, timeout_s)
     if failures:
         raise RewardError(report(failures), failures[0].index)
     return values

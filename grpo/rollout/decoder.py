@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.kernels import DnnLinear, linear
+from grpo.precision import active_dtype
 
 #: model_type -> whether each attention head's q and k go through an RMSNorm before rotary (Qwen3).
 HEAD_NORM: dict[str, bool] = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
@@ -87,7 +88,9 @@ class LeanDecoder:
         """Set up decoding of G samples for each of B prefilled prompts (row i*G+g from prompt i).
 
         The prompt's keys/values are kept once per prompt (not G times): attention to them is one
-        matmul per prompt and kv head over its G*R query rows.
+        matmul per prompt and kv head over its G*R query rows. Under autocast (`train.precision`) the
+        whole cache is kept in the autocast dtype, which the attention matmuls would cast it to at
+        every step anyway (same values, no per-step casts).
 
         Shape:
             cache: DynamicCache of batch B over P positions, prompt_mask: [B, P] -> StaticCache of N = B*G rows
@@ -95,11 +98,13 @@ class LeanDecoder:
         batch, prompt_len = prompt_mask.shape
         kv, d, groups = self.num_kv_heads, self.head_dim, self.num_heads // self.num_kv_heads
         n_rows = batch * num_generations
-        keys = cache.layers[0].keys
+        dtype = active_dtype(prompt_mask.device) or cache.layers[0].keys.dtype
+        keys = cache.layers[0].keys.to(dtype)
         bias = keys.new_zeros(batch, prompt_len).masked_fill_(prompt_mask == 0, float("-inf"))  # [B, P]
         return StaticCache(
-            prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len) for layer in cache.layers],
-            prompt_values=[layer.values.reshape(batch * kv, prompt_len, d) for layer in cache.layers],
+            prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len).to(dtype)
+                         for layer in cache.layers],
+            prompt_values=[layer.values.reshape(batch * kv, prompt_len, d).to(dtype) for layer in cache.layers],
             prompt_bias=bias[:, None, None, :].expand(batch, kv, num_generations * groups, prompt_len)
             .reshape(batch * kv, num_generations * groups, prompt_len),  # [B*kv, G*R, P]
             keys=[keys.new_empty(n_rows, kv, max_new_tokens, d) for _ in cache.layers],
@@ -122,10 +127,12 @@ class LeanDecoder:
         cos, sin = inner.rotary_emb(h, cache.positions[:, None])  # [n, 1, d] each
         sin = torch.cat((-sin[..., :self.head_dim // 2], sin[..., self.head_dim // 2:]), dim=-1)  # signed [n, 1, d]
         rope = (cos, sin, cos * self.scaling, sin * self.scaling)  # the query's carries the score scaling
+        lowp = active_dtype(h.device)  # autocast: cast each norm's output once, not once per projection
         for i, layer in enumerate(inner.layers):
             x = layer.input_layernorm(h)  # [n, D]
-            h = h + self.attend(layer.self_attn, x, rope, cache, i)  # [n, D]
-            h = h + self.mlp(layer.mlp, layer.post_attention_layernorm(h), cache.fused[i] if cache.fused else None)
+            h = h + self.attend(layer.self_attn, x if lowp is None else x.to(lowp), rope, cache, i)  # [n, D]
+            x = layer.post_attention_layernorm(h)  # [n, D]
+            h = h + self.mlp(layer.mlp, x if lowp is None else x.to(lowp), cache.fused[i] if cache.fused else None)
         cache.length, cache.positions = cache.length + 1, cache.positions + 1
         return self.model.lm_head(inner.norm(h))  # [n, V]
 
@@ -161,7 +168,7 @@ class LeanDecoder:
         keys, values = cache.keys[i], cache.values[i]  # [n, kv, T, d] each
         keys[:, :, t] = rotate(k, rope[0], rope[1])  # [n, kv, d]
         values[:, :, t] = v  # [n, kv, d]
-        q = rotate(q, rope[2], rope[3]).view(n * kv, -1, d)  # [n*kv, R, d] times scaling
+        q = rotate(q, rope[2], rope[3]).to(keys.dtype).view(n * kv, -1, d)  # [n*kv, R, d] times scaling
         on_prompt = torch.baddbmm(cache.prompt_bias, cache.by_prompt(q), cache.prompt_keys[i])  # [B*kv, G*R, P]
         on_new = torch.bmm(q, keys[:, :, :t + 1].reshape(n * kv, t + 1, d).transpose(1, 2))  # [n*kv, R, t+1]
         scores = torch.cat([cache.to_rows(on_prompt), on_new], dim=-1)  # [n*kv, R, P+t+1]

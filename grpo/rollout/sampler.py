@@ -16,12 +16,14 @@ Greedy decoding (``temperature == 0``) draws nothing.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from grpo.precision import cast_frozen_linears
 from grpo.rollout.decoder import LeanDecoder, StaticCache, lean_decoder
 
 
@@ -268,8 +270,10 @@ def sample(
     """
     was_training = model.training
     model.eval()
+    frozen = contextlib.ExitStack()
     try:
         device = next(model.parameters()).device
+        frozen.enter_context(cast_frozen_linears(model, device))  # autocast: LoRA's frozen weights cast once
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()  # [B, P]
         n_rows = prompt_ids.size(0) * num_generations
         logits, decoding = prefill_shared(model, prompt_ids, prompt_mask, num_generations, max_new_tokens,
@@ -292,6 +296,7 @@ def sample(
                 running, tokens = running[kept], tokens[kept]  # [n'], [n']
             logits = decoding.step(tokens)  # [n, V]
     finally:
+        frozen.close()
         model.train(was_training)
 
     completion_ids = completion_ids[:, :steps]  # [N, T]
