@@ -74,7 +74,7 @@ def forward_flops(model, mask: torch.Tensor, T: int, backward: bool) -> float:
     return flops * (3 if backward else 1)
 
 
-def rollout_pair(model, tok, batch, G: int, new_tokens: int, gen, fixed_length: bool):
+def rollout_pair(model, tok, batch, G: int, new_tokens: int, seed: int, fixed_length: bool):
     """(ours, generate): (seconds, produced completion tokens) for the same prompts and settings.
 
     `fixed_length` removes EOS from ours and sets min_new_tokens for generate, so both produce
@@ -87,7 +87,7 @@ def rollout_pair(model, tok, batch, G: int, new_tokens: int, gen, fixed_length: 
     use_cpu_matmul(model, "auto")                             # ours: the trainer's default
     out, s_ours = timed(lambda: sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=G,
                                        max_new_tokens=new_tokens, temperature=1.0, eos_token_id=eos,
-                                       pad_token_id=tok.pad_token_id, generator=gen))
+                                       pad_token_id=tok.pad_token_id, seed=seed))
     ours_tokens = int(out.completion_mask.sum())
     use_cpu_matmul(model, "aten")                             # generate: stock PyTorch linears
     with torch.no_grad():
@@ -133,14 +133,14 @@ def run_config(name: str, steps: int) -> dict:
         rss.reset()
         base = rss.current()
         for fixed in (False, True):
-            pair = rollout_pair(model, tok, batch, c["G"], c["new_tokens"], gen, fixed)
+            pair = rollout_pair(model, tok, batch, c["G"], c["new_tokens"], i, fixed)
             rec["ours_fixed" if fixed else "ours"].append(pair[0])
             rec["hf_fixed" if fixed else "hf"].append(pair[1])
         from grpo.rollout import sample
 
         g = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=c["G"],
                    max_new_tokens=c["new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                   generator=gen)
+                   seed=i)
         ids = torch.cat([g.prompt_ids, g.completion_ids], 1)
         mask = torch.cat([g.prompt_mask, g.completion_mask], 1)
         T = g.completion_ids.shape[1]

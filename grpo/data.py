@@ -184,6 +184,17 @@ class PromptStream:
             out.append(self.rows[self.order.pop()])
         return out
 
+    @property
+    def position(self) -> int:
+        """Rows drawn so far over all epochs: the global index of the next row drawn (derived from the
+        epoch and the rest of its order, so a checkpointed stream knows it without extra state)."""
+        return self.epoch * len(self.rows) - len(self.order)
+
+    def next_indexed(self, n: int) -> tuple[list[dict[str, Any]], list[int]]:
+        """:meth:`next` with the global index (draw position) of each row, which keys its sampling."""
+        start = self.position
+        return self.next(n), list(range(start, start + n))
+
     def state_dict(self) -> dict[str, Any]:
         """The position in the data order (tensors and ints: loads with torch.load(weights_only=True))."""
         order = torch.tensor(self.order[::-1], dtype=torch.long, device="cpu")

@@ -5,7 +5,8 @@ runs exactly the single-process code. With WORLD_SIZE > 1 (set by torchrun):
 
 * the process group is gloo on CPU, NCCL on GPU;
 * every rank draws the SAME global prompt order and keeps its slice of each step's prompts
-  (:class:`ShardedStream`), so all G completions of a prompt are on one rank; sampling uses seed + rank;
+  (:class:`ShardedStream`), so all G completions of a prompt are on one rank; sampling is keyed by
+  (seed, global prompt index), so the ranks draw exactly the completions one process would;
 * the update runs through DDP or FSDP2 (`train.parallel`); the loss normaliser is global and the loss is
   multiplied by the world size (both average gradients over ranks), so one step equals the
   single-process step on the same global batch;
@@ -115,8 +116,13 @@ class ShardedStream:
         self.inner, self.rank, self.world = stream, rank_, world
 
     def next(self, n: int) -> list[dict[str, Any]]:
-        rows = self.inner.next(n * self.world)
-        return rows[self.rank * n:(self.rank + 1) * n]
+        return self.next_indexed(n)[0]
+
+    def next_indexed(self, n: int) -> tuple[list[dict[str, Any]], list[int]]:
+        """This rank's n rows and their global indices (draw positions in the global order)."""
+        rows, index = self.inner.next_indexed(n * self.world)
+        mine = slice(self.rank * n, (self.rank + 1) * n)
+        return rows[mine], index[mine]
 
     @property
     def epoch(self) -> int:

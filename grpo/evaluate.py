@@ -23,7 +23,6 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
     from grpo.experience import decode_completions, reward_columns  # the same decoding as in training
 
     device = next(model.parameters()).device
-    rng = torch.Generator(device=device).manual_seed(seed)
     sums = {name: 0.0 for name, _ in rewards}
     counts = {name: 0 for name, _ in rewards}
     lengths = 0.0
@@ -32,7 +31,8 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
         batch = tokenize_prompts(tokenizer, chunk, device)
         gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=1, max_new_tokens=max_new_tokens,
                      temperature=temperature, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id, generator=rng)
+                     pad_token_id=tokenizer.pad_token_id, seed=seed,
+                     prompt_index=torch.arange(start, start + len(chunk), device=device))   # [b] row keys
         texts = decode_completions(tokenizer, gen)           # rewards see them as in training
         scored = score(rewards, None, batch.prompts, chat_completions(batch.prompts, texts),
                        reward_columns(batch.columns, gen))

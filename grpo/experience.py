@@ -93,8 +93,11 @@ def lengths_of(gen: Generation) -> torch.Tensor:
     return gen.completion_mask.sum(dim=1).float()
 
 
-def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, rng, device) -> Groups:
-    """Sample k completions for each prompt row and score them (k = gfpo_sample_size or G)."""
+def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index: list[int], device) -> Groups:
+    """Sample k completions for each prompt row and score them (k = gfpo_sample_size or G).
+
+    `index`: each row's global position in the prompt order; with `train.seed` it keys the row's sampling
+    (grpo/rollout/keyed.py), so a prompt gets the same k completions on any rank and in any batch."""
     ro, algo = cfg.rollout, cfg.algorithm
     k = algo.gfpo_sample_size or ro.num_generations
     prompts = tokenize_prompts(tokenizer, rows, device)                                     # [B, P]
@@ -102,7 +105,8 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, rng, d
     gen = sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
                  max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
                  top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
-                 pad_token_id=tokenizer.pad_token_id, generator=rng)                       # [B*k, T]
+                 pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed,
+                 prompt_index=torch.tensor(index, dtype=torch.long, device=device))         # [B*k, T]
     sample_s = time.perf_counter() - t0
     completions = decode_completions(tokenizer, gen)
     per_prompt = repeat_each(prompts.prompts, k)
@@ -137,11 +141,12 @@ def concat_groups(parts: list[Groups], pad_token_id: int) -> Groups:
                   torch.cat([p.per_function for p in parts]), torch.cat([p.total for p in parts]))
 
 
-def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config, rng, device) -> tuple[Groups, dict]:
+def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config, device) -> tuple[Groups, dict]:
     """B scored groups; with dynamic sampling, groups whose rewards all tie are replaced by fresh ones
     (at most `max_sampling_tries` extra rounds; short batches are topped up with tied groups)."""
     B, G, algo = cfg.train.prompts_per_step, cfg.rollout.num_generations, cfg.algorithm
-    first = draw_groups(model, tokenizer, stream.next(B), rewards, cfg, rng, device)
+    rows, index = stream.next_indexed(B)                   # index: global draw positions, keys of the sampling
+    first = draw_groups(model, tokenizer, rows, rewards, cfg, index, device)
     if not algo.dynamic_sampling:
         return first, {}
     kept, spare, drawn, tries, sample_s = [], [], B, 0, first.sample_s
@@ -160,7 +165,8 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
             break
         tries += 1
         drawn += B - have
-        current = draw_groups(model, tokenizer, stream.next(B - have), rewards, cfg, rng, device)
+        rows, index = stream.next_indexed(B - have)        # fresh prompts: fresh keys
+        current = draw_groups(model, tokenizer, rows, rewards, cfg, index, device)
         sample_s += current.sample_s
         errors.update(current.errors)
     informative_count = sum(p.total.numel() for p in kept) // G
@@ -196,13 +202,13 @@ def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg:
 
 
 def make_experience(model, tokenizer, stream: PromptStream, rewards, step_rewards, reference, cfg: Config,
-                    rng, device, max_tokens: int | None = None) -> Experience:
+                    device, max_tokens: int | None = None) -> Experience:
     """Everything one GRPO step trains on (see the module docstring for the order of stages).
     `max_tokens`: the token budget of the reference / old-policy passes (the runtime's
     micro_batch_tokens; None = train.micro_batch_tokens resolved for the CPU)."""
     algo, ro, mb = cfg.algorithm, cfg.rollout, cfg.train.micro_batch_size
     G = ro.num_generations
-    groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, rng, device)
+    groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, device)
     gen = groups.gen
     input_ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)                # [N, P + T]
     attention_mask = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)        # [N, P + T]

@@ -51,8 +51,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     reference: Any                 # None, grpo.reference.FrozenCopy or AdapterDisabled
-    stream: Any                    # grpo.data.PromptStream
-    rng: torch.Generator           # the sampling generator
+    stream: Any                    # grpo.data.PromptStream; its position also keys the sampling (grpo/rollout/keyed.py)
 
 
 @dataclass
@@ -80,7 +79,7 @@ def save_state(output_dir: Path, step: int, state: TrainState, cfg: Config, extr
             "config": to_dict(cfg), **(extra_info or {})}
     return save_checkpoint(output_dir, step, state.model, state.tokenizer, optimizer=state.optimizer,
                            scheduler=state.scheduler, state=info,
-                           rng={**rng_state(state.rng, state.stream.state_dict()), **(extra_rng or {})},
+                           rng={**rng_state(None, state.stream.state_dict()), **(extra_rng or {})},
                            reference=refreshed_reference(state, cfg), save_total_limit=tc.save_total_limit)
 
 
@@ -189,7 +188,7 @@ def restore(state: TrainState, ckpt: Checkpoint, cfg: Config) -> None:
         state.scheduler.load_state_dict(ckpt.optim["scheduler"])
     apply_optimizer_settings(state.optimizer, state.scheduler, cfg, ckpt.trainer_state.get("config") or {})
     state.stream.load_state_dict(ckpt.rng["stream"])
-    restore_rng(ckpt.rng, state.rng)
+    restore_rng(ckpt.rng)                 # sampling is keyed by (seed, stream position): nothing more to restore
 
 
 def _flat(tree: dict[str, Any]) -> dict[str, Any]:

@@ -111,8 +111,7 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
     reference = build_reference(model, cfg.algorithm.beta)      # None when beta = 0
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations)
     state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
-                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle),
-                       torch.Generator(device=job.runtime.device).manual_seed(tc.seed))
+                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle))
     return state, prompt_set
 
 
@@ -142,7 +141,6 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         if ckpt is not None:
             check_resumable(ckpt, cfg)
             restore(state, ckpt, cfg)
-            world.restore_sampler(state, ckpt, cfg)
         world.prepare(state, cfg)
         first = announce_run(out, cfg, ckpt) if world.is_main else (ckpt.step if ckpt else 0) + 1
         world.barrier()
@@ -156,7 +154,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 t0 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # train.precision: forward passes only
                     exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
-                                          state.reference, run_cfg, state.rng, runtime.device, max_tokens=budget)
+                                          state.reference, run_cfg, runtime.device, max_tokens=budget)
                 fault_point("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/update.py)

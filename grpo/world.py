@@ -30,9 +30,6 @@ class LocalWorld:
         """The config this process samples with (all of the step's prompts)."""
         return cfg
 
-    def restore_sampler(self, state: TrainState, ckpt, cfg: Config) -> None:
-        """Nothing beyond grpo.resume.restore, which already set the sampling generator."""
-
     def prepare(self, state: TrainState, cfg: Config) -> None:
         self.policy = state.model
 
@@ -72,22 +69,13 @@ class TorchrunWorld:
         self.rank, self.world_size, self.is_main = par.rank, par.world_size, par.rank == 0
 
     def shard(self, state: TrainState, cfg: Config) -> Config:
-        """This rank's slice of every step's prompts, and its own sampling seed."""
+        """This rank's slice of every step's prompts (sampling is keyed by their global indices, so the
+        ranks draw what one process would: grpo/rollout/keyed.py)."""
         from grpo.distributed import ShardedStream
 
         state.stream = ShardedStream(state.stream, self.rank, self.world_size)
-        state.rng.manual_seed(cfg.train.seed + self.rank)
         return dataclasses.replace(cfg, train=dataclasses.replace(
             cfg.train, prompts_per_step=cfg.train.prompts_per_step // self.world_size))
-
-    def restore_sampler(self, state: TrainState, ckpt, cfg: Config) -> None:
-        """Each rank's own sampling generator when the checkpoint has one for it (same world size), else
-        rank 0 keeps the saved one and rank r > 0 is seeded from (seed + r, step)."""
-        samplers = ckpt.rng.get("samplers")
-        if samplers and len(samplers) == self.world_size:
-            state.rng.set_state(samplers[self.rank])
-        elif self.rank > 0:
-            state.rng.manual_seed(cfg.train.seed + self.rank + 1_000_003 * ckpt.step)
 
     def prepare(self, state: TrainState, cfg: Config) -> None:
         """Wrap the (restored) policy in DDP / FSDP2."""
@@ -119,14 +107,13 @@ class TorchrunWorld:
 
     def save(self, out: Path, step: int, state: TrainState, cfg: Config) -> Path:
         """Every rank joins the gathering of the full state; rank 0 writes the checkpoint."""
-        from grpo.distributed import all_gather_object, barrier
+        from grpo.distributed import barrier
 
         optimizer = self.par.checkpoint_optimizer(state)
-        samplers = all_gather_object(state.rng.get_state())
         path = out / f"checkpoint-{step}"
         if self.is_main:
             path = save_state(out, step, dataclasses.replace(state, optimizer=optimizer), cfg,
-                              extra_rng={"samplers": samplers}, extra_info={"world_size": self.world_size})
+                              extra_info={"world_size": self.world_size})
         barrier()
         return path
 

@@ -6,6 +6,9 @@
    single-process policy_update on the whole batch (every rank computes that too): WORK/unit-<rank>.json.
 2. A 2-step `train()` run (checkpoint every step) into WORK/run; this rank's final parameters go to
    WORK/rank<rank>.pt.
+3. A 3-step run with plain SGD (:data:`SAME_AS_ONE`) into WORK/same: every completion this rank samples,
+   by global prompt index (:func:`recording_draws`), goes to WORK/draws-<rank>.json and the final
+   parameters to WORK/same-rank<rank>.pt; tests/test_distributed.py compares them with one process.
 """
 
 from __future__ import annotations
@@ -79,6 +82,48 @@ def unit(mode: str, model_dir: str, reward: str, work: Path) -> None:
     (work / f"unit-{par.rank}.json").write_text(json.dumps(results))
 
 
+#: The world-size invariance run: 3 steps of 4 prompts (2 per rank, left-padded to their own length).
+SAME_AS_ONE = {"train.max_steps": 3, "train.save_steps": 0, "train.prompts_per_step": 4}
+
+
+def plain_sgd(model, cfg, total_steps):
+    """grpo.update.build_optimizer's stand-in: SGD at optim.lr, constant (Adam's sign-like first step would
+    turn float rounding of near-zero gradients into differences of lr)."""
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def recording_draws(draw, log: dict):
+    """Wrap grpo.experience.draw_groups: log[global prompt index] = the G completions' ids and total rewards."""
+
+    def draw_and_record(model, tokenizer, rows, rewards, cfg, index, device):
+        from grpo.experience import completion_id_lists
+
+        groups = draw(model, tokenizer, rows, rewards, cfg, index, device)
+        ids, G = completion_id_lists(groups.gen), cfg.rollout.num_generations
+        for j, p in enumerate(index):
+            log[p] = {"ids": ids[j * G:(j + 1) * G], "rewards": groups.total[j * G:(j + 1) * G].tolist()}
+        return groups
+
+    return draw_and_record
+
+
+def same_as_one(mode: str, model_dir: str, reward: str, work: Path) -> None:
+    """Part 3 of the module docstring."""
+    import grpo.experience
+    import grpo.trainer
+    import grpo.update
+
+    log: dict = {}
+    grpo.experience.draw_groups = recording_draws(grpo.experience.draw_groups, log)
+    grpo.trainer.build_optimizer = grpo.update.build_optimizer = plain_sgd   # FSDP2 rebuilds it from grpo.update
+    flat = tiny_config(Path(model_dir), reward, work / "same", **{**SAME_AS_ONE, "train.parallel": mode})
+    result = train(build_config(overrides=flat))
+    rank = torch.distributed.get_rank()
+    (work / f"draws-{rank}.json").write_text(json.dumps(log))
+    torch.save({k: v.detach().clone() for k, v in result.model.state_dict().items()}, work / f"same-rank{rank}.pt")
+
+
 def main() -> None:
     mode, work, model_dir, reward = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
     unit(mode, model_dir, reward, work)
@@ -87,6 +132,7 @@ def main() -> None:
     rank = torch.distributed.get_rank()
     result = train(build_config(overrides=flat))
     torch.save({k: v.detach().clone() for k, v in result.model.state_dict().items()}, work / f"rank{rank}.pt")
+    same_as_one(mode, model_dir, reward, work)
 
 
 if __name__ == "__main__":

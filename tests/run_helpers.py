@@ -52,9 +52,10 @@ def run_in_process(flat: dict, **over) -> TrainResult:
     return train(build_config(overrides={**flat, **over}))
 
 
-def run_subprocess(flat: dict, kill_at: str | None = None, resume: bool = False,
-                   omp_threads: int | None = 1) -> subprocess.CompletedProcess:
-    """`python -m grpo train --config <flat as YAML>` with the GRPO_TEST_KILL_AT hook.
+def train_command(flat: dict, kill_at: str | None = None, resume: bool = False,
+                  omp_threads: int | None = 1) -> tuple[list[str], dict]:
+    """argv and environment of `python -m grpo train --config <flat as YAML>` (the YAML is written next
+    to the output directory), with the GRPO_TEST_KILL_AT hook.
 
     `omp_threads`: OMP_NUM_THREADS of the child; None leaves torch its default thread count."""
     out = Path(flat["train.output_dir"])
@@ -71,6 +72,13 @@ def run_subprocess(flat: dict, kill_at: str | None = None, resume: bool = False,
     if kill_at:
         env["GRPO_TEST_KILL_AT"] = kill_at
     argv = [sys.executable, "-m", "grpo", "train", "--config", str(config)] + (["--resume"] if resume else [])
+    return argv, env
+
+
+def run_subprocess(flat: dict, kill_at: str | None = None, resume: bool = False,
+                   omp_threads: int | None = 1) -> subprocess.CompletedProcess:
+    """Run :func:`train_command` to its end (or its kill)."""
+    argv, env = train_command(flat, kill_at, resume, omp_threads)
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -120,8 +120,8 @@ def test_lean_sampling_equals_hf_path(kind, temperature, top_k, top_p):
     kw = dict(num_generations=4, max_new_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p,
               pad_token_id=PAD)
     kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 5, **kw)  # row 0 (at least) stops early: rows are dropped
-    lean = sample(model, ids, mask, generator=torch.Generator().manual_seed(5), **kw)
-    hf = sample(model, ids, mask, generator=torch.Generator().manual_seed(5), lean=False, **kw)
+    lean = sample(model, ids, mask, seed=5, **kw)
+    hf = sample(model, ids, mask, seed=5, lean=False, **kw)
     assert torch.equal(lean.completion_ids, hf.completion_ids)
     assert torch.equal(lean.completion_mask, hf.completion_mask)
     assert torch.equal(lean.truncated, hf.truncated)

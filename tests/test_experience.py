@@ -55,7 +55,7 @@ def test_dynamic_sampling_replaces_tied_groups_and_counts_draws(tmp_path, monkey
     asked = []
     monkeypatch.setattr(experience, "draw_groups",
                         lambda m, t, rows, *a: asked.append(len(rows)) or next(draws))
-    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, None, "cpu")
+    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, "cpu")
     assert asked == [3, 2, 1]
     assert groups.total.tolist() == [0, 1, 5, 6, 7, 8]          # only informative groups, in draw order
     assert metrics == {"sampling/groups_drawn": 6.0, "sampling/extra_rounds": 2.0,
@@ -69,20 +69,20 @@ def test_dynamic_sampling_stops_at_the_cap_and_tops_up_with_tied_groups(tmp_path
                                                            "rollout.num_generations": 2})
     draws = iter([fake_groups([1, 1, 0, 1]), fake_groups([4, 4])])
     monkeypatch.setattr(experience, "draw_groups", lambda m, t, rows, *a: next(draws))
-    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, None, "cpu")
+    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, "cpu")
     assert groups.total.tolist() == [0, 1, 1, 1]                  # informative first, then a tied group
     assert metrics["sampling/informative_groups"] == 1.0 and metrics["sampling/extra_rounds"] == 1.0
 
 
 def test_gfpo_keeps_the_shortest_of_k_samples(tmp_path):
-    # the same generator seed and k = 8 samples: GFPO must keep the 4 shortest of each group of 8
+    # the same keys (seed, prompt index) and k = 8 samples: GFPO must keep the 4 shortest of each group of 8
     cfg_all, tok, model, stream, rewards = setup(tmp_path, **{"rollout.num_generations": 8})
     rows = stream.next(2)
-    all8 = draw_groups(model, tok, rows, rewards, cfg_all, torch.Generator().manual_seed(3), "cpu")
+    all8 = draw_groups(model, tok, rows, rewards, cfg_all, [0, 1], "cpu")
     cfg_gfpo = build_config(overrides={**BASE, "reward.functions": cfg_all.reward.functions,
                                        "rollout.num_generations": 4, "algorithm.gfpo_sample_size": 8,
                                        "algorithm.gfpo_metric": "length"})
-    kept = draw_groups(model, tok, rows, rewards, cfg_gfpo, torch.Generator().manual_seed(3), "cpu")
+    kept = draw_groups(model, tok, rows, rewards, cfg_gfpo, [0, 1], "cpu")
     lengths = all8.gen.completion_mask.sum(1).view(2, 8)
     kept_lengths = kept.gen.completion_mask.sum(1).view(2, 4)
     for g in range(2):
@@ -93,7 +93,7 @@ def test_gfpo_keeps_the_shortest_of_k_samples(tmp_path):
 
 def test_soft_overlong_penalty_is_added_to_the_reward(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.overlong_cache_fraction": 0.5})
-    groups = draw_groups(model, tok, stream.next(2), rewards, cfg, torch.Generator().manual_seed(0), "cpu")
+    groups = draw_groups(model, tok, stream.next(2), rewards, cfg, [0, 1], "cpu")
     L = groups.gen.completion_mask.sum(1).float()               # cache = 3 of max 6 tokens
     penalty = torch.where(L <= 3, torch.zeros_like(L), (3 - L) / 3)
     assert torch.allclose(groups.total, groups.per_function[:, 0] + penalty)
@@ -101,7 +101,7 @@ def test_soft_overlong_penalty_is_added_to_the_reward(tmp_path):
 
 def test_overlong_filter_masks_truncated_completions(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.overlong_filter": True, "algorithm.beta": 0.0})
-    exp = make_experience(model, tok, stream, rewards, [], None, cfg, torch.Generator().manual_seed(0), "cpu")
+    exp = make_experience(model, tok, stream, rewards, [], None, cfg, "cpu")
     truncated = exp.groups.gen.truncated
     assert truncated.any()                                       # an untrained model rarely stops in 6 tokens
     assert (exp.batch.completion_mask[truncated] == 0).all()
@@ -113,7 +113,7 @@ def test_kl_in_reward_moves_the_penalty_out_of_the_loss(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.kl_in": "reward", "algorithm.beta": 0.5,
                                                            "algorithm.kl_estimator": "k1"})
     reference = FrozenCopy(build_model(tok, "micro", seed=1))    # a different reference: KL != 0
-    exp = make_experience(model, tok, stream, rewards, [], reference, cfg, torch.Generator().manual_seed(0), "cpu")
+    exp = make_experience(model, tok, stream, rewards, [], reference, cfg, "cpu")
     b = exp.batch
     old = experience.fixed_logprobs(model, b.input_ids, b.attention_mask, b.completion_length, 1.0)
     ref = reference.logprobs(b.input_ids, b.attention_mask, b.completion_length, 1.0)
@@ -130,7 +130,7 @@ def test_process_supervision_gives_token_advantages(tmp_path):
     step_fns = [load_reward(f"{tmp_path / 'r.py'}:steps")]
     cfg = build_config(overrides={**BASE, "reward.functions": [], "reward.process_functions": [f"{tmp_path / 'r.py'}:steps"],
                                   "algorithm.beta": 0.0, "reward.step_delimiter": " "})
-    exp = make_experience(model, tok, stream, [], step_fns, None, cfg, torch.Generator().manual_seed(0), "cpu")
+    exp = make_experience(model, tok, stream, [], step_fns, None, cfg, "cpu")
     adv = exp.batch.advantages
     assert adv.shape == exp.batch.completion_mask.shape                          # [N, T]
     assert (adv[exp.batch.completion_mask == 0] == 0).all()
@@ -139,7 +139,7 @@ def test_process_supervision_gives_token_advantages(tmp_path):
 
 def test_top_entropy_rho_keeps_a_fraction_of_tokens(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.top_entropy_rho": 0.25, "algorithm.beta": 0.0})
-    exp = make_experience(model, tok, stream, rewards, [], None, cfg, torch.Generator().manual_seed(0), "cpu")
+    exp = make_experience(model, tok, stream, rewards, [], None, cfg, "cpu")
     active = exp.groups.gen.completion_mask.sum()
     kept = exp.batch.completion_mask.sum()
     assert kept == torch.ceil(0.25 * active.float())
@@ -173,7 +173,7 @@ def test_draw_groups_calls_rewards_by_keyword_with_messages_for_chat_prompts(tmp
         seen.update(kwargs, completions=completions, solution=solution)
         return [float(s in completion[0]["content"]) for completion, s in zip(completions, solution)]
 
-    groups = draw_groups(model, tok, rows, [("acc", accuracy_reward)], cfg, torch.Generator().manual_seed(0), "cpu")
+    groups = draw_groups(model, tok, rows, [("acc", accuracy_reward)], cfg, [0, 1], "cpu")
     assert seen["completions"] == [[{"role": "assistant", "content": text}] for text in groups.completions]
     assert all(isinstance(text, str) for text in groups.completions)             # the texts stay texts
     assert seen["solution"] == [rows[0]["solution"]] * 3 + [rows[1]["solution"]] * 3

@@ -148,8 +148,7 @@ def test_sampler_on_lora_model_keeps_logits_to_keep_and_matches_logprobs(kind):
     model.get_base_model().register_forward_pre_hook(
         lambda m, a, kw: seen.append(kw.get("logits_to_keep")), with_kwargs=True)
     ids, mask = batch(n=3, length=6)
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=5, eos_token_id=1, pad_token_id=0,
-                 generator=torch.Generator().manual_seed(0))
+    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=5, eos_token_id=1, pad_token_id=0, seed=0)
     assert seen and all(k == 1 for k in seen)  # only the last position goes through the LM head
     full_ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
     full_mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)

@@ -243,8 +243,7 @@ def test_sampler_and_logprobs_agree_on_any_architecture(kind, temperature, tmp_p
     batch = tok(PROMPTS, padding=True, return_tensors="pt")
     assert (batch["attention_mask"] == 0).any()
     gen = sample(model, batch["input_ids"], batch["attention_mask"], num_generations=3, max_new_tokens=10,
-                 temperature=temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                 generator=torch.Generator().manual_seed(0))
+                 temperature=temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0)
     ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)                      # [N, P + T]
     mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)                   # [N, P + T]
     T, on = gen.completion_ids.size(1), gen.completion_mask.bool()

@@ -11,7 +11,7 @@ import torch
 from grpo.config import AlgorithmConfig, ConfigError, OptimConfig, build_config
 from grpo.logprobs import completion_logprobs, fixed_logprobs
 from grpo.models import build_model, build_tokenizer
-from grpo.precision import active_dtype, autocast, autocast_dtype, loss_scaler
+from grpo.precision import active_dtype, autocast, autocast_dtype, cast_frozen_linears, loss_scaler
 from grpo.rollout import sample
 from grpo.types import TrainBatch
 from grpo.update import build_optimizer, policy_update
@@ -31,7 +31,7 @@ def rollout_batch(model, tok, seed: int = 0) -> TrainBatch:
     g = torch.Generator().manual_seed(seed)
     enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
     gen = sample(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=8,
-                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=g)
+                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=seed)
     ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)                 # [8, P + T]
     mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)              # [8, P + T]
     T = gen.completion_ids.shape[1]
@@ -121,14 +121,38 @@ def test_bf16_rollout_logprobs_agree_with_the_training_pass():
     enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
     with autocast(CPU, "bf16"):
         gen = sample(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=8,
-                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                     generator=torch.Generator().manual_seed(0))
+                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0)
         ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)             # [8, P + T]
         mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
         logp = fixed_logprobs(model, ids, mask, gen.completion_ids.shape[1])  # [8, T]
     assert gen.sampling_logprobs.dtype is torch.float32 and logp.dtype is torch.float32
     on = gen.completion_mask.bool()
     assert (logp - gen.sampling_logprobs)[on].abs().max() < 0.02
+
+
+def test_frozen_linears_are_cast_once_with_autocast_values():
+    """A frozen model (the reference) under bf16 autocast: its linear weights are swapped for bfloat16
+    copies for the pass (same log-probs as autocast's per-call casts), then the float32 originals return;
+    the tied LM head gets its own copy while the embedding keeps float32."""
+    model, tok = micro_policy()
+    ref = copy.deepcopy(model).requires_grad_(False)
+    batch = rollout_batch(model, tok)
+    T = batch.completion_length
+    originals = {n: p for n, p in ref.named_parameters()}
+    with autocast(CPU, "bf16"):
+        per_call = completion_logprobs(ref, batch.input_ids, batch.attention_mask, T)[0]   # autocast casts each call
+        with cast_frozen_linears(ref, CPU):
+            assert ref.lm_head.weight.dtype is torch.bfloat16
+            assert ref.model.layers[0].mlp.up_proj.weight.dtype is torch.bfloat16
+            assert ref.model.embed_tokens.weight.dtype is torch.float32
+            assert ref.model.norm.weight.dtype is torch.float32
+            once = completion_logprobs(ref, batch.input_ids, batch.attention_mask, T)[0]
+        assert torch.equal(once, per_call)
+    assert all(p is originals[n] and p.dtype is torch.float32 for n, p in ref.named_parameters())
+    with cast_frozen_linears(ref, CPU):                                      # no autocast: nothing swapped
+        assert ref.lm_head.weight is originals["model.embed_tokens.weight"]       # still tied
+    with autocast(CPU, "bf16"), cast_frozen_linears(model, CPU):           # trainable weights: left to autocast
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
 def test_fp16_scaler_scales_and_skips_an_overflowing_step():
@@ -171,7 +195,7 @@ def test_bfloat16_weights_train_in_bfloat16(tmp_path, precision):
     precision fp32; autocast adds float32 for the ops it keeps in float32)."""
     model_dir, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
     out = tmp_path / "run"
-    result = run_in_process(tiny_config(model_dir, reward, out, **{"model.dtype": "bfloat16", "train.max_steps": 2,
-                                                                   "train.save_steps": 0, "train.precision": precision}))
+    over = {"model.dtype": "bfloat16", "train.max_steps": 2, "train.save_steps": 0, "train.precision": precision}
+    result = run_in_process(tiny_config(model_dir, reward, out, **over))
     assert {p.dtype for p in result.model.parameters()} == {torch.bfloat16}
     assert all(r["loss/total"] == r["loss/total"] for r in records(out))     # finite, not nan

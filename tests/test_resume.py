@@ -63,11 +63,19 @@ def test_a_checkpoint_holds_no_buffered_rollouts_with_mu_above_one(reference_mu2
     assert {float(s["step"]) for s in ckpt.optim["optimizer"]["state"].values()} == {8.0}
     assert ckpt.optim["scheduler"]["last_epoch"] == 8
     assert ckpt.trainer_state["step"] == 4 and ckpt.trainer_state["config"]["algorithm"]["num_iterations"] == 2
-    assert ckpt.rng["stream"]["num_rows"] == 20 and ckpt.rng["sampler"] is not None
+    assert ckpt.rng["stream"]["num_rows"] == 20 and ckpt.rng["sampler"] is None   # sampling is keyed, no generator
+    stream = ckpt.rng["stream"]                   # 4 steps x 2 prompts drawn: the position that keys step 5's sampling
+    assert stream["epoch"] * 20 - len(stream["order"]) == 8
 
 
 def _rewrite_manifest(path):
     write_manifest(path, int(path.name.split("-")[1]))
+
+
+def _drop_from_manifest(path, name):
+    manifest = json.loads((path / "manifest.json").read_text())
+    del manifest["files"][name]
+    (path / "manifest.json").write_text(json.dumps(manifest))
 
 
 CORRUPTIONS = {
@@ -79,6 +87,7 @@ CORRUPTIONS = {
                          "trainer_state.json is unreadable"),
     "torn pickle": (lambda p: ((p / "rng_state.pt").write_bytes((p / "rng_state.pt").read_bytes()[:100]),
                                _rewrite_manifest(p)), "cannot read its state"),
+    "partial manifest": (lambda p: _drop_from_manifest(p, "optimizer.pt"), "optimizer.pt is not listed in manifest.json"),
 }
 
 

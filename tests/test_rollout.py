@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import transformers
 
 from grpo.rollout import Generation, completion_mask_from_ids, filter_logits, sample
+from grpo.rollout.keyed import row_keys, token_uniforms
 from grpo.rollout.sampler import draw
 
 VOCAB = 64
@@ -50,9 +51,11 @@ def full_logits(model, ids, mask):
 
 @torch.no_grad()
 def reference_sample(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_k, top_p,
-                     eos_token_id, pad_token_id, generator):
-    """No cache, no shared prefix: prompts repeated G times, full forward each step; one draw
-    per step over the still-running rows (in row order), as documented by the sampler."""
+                     eos_token_id, pad_token_id, seed, prompt_index=None):
+    """No cache, no shared prefix: prompts repeated G times, full forward each step; the still-running
+    rows draw with the uniforms of their keys (seed, prompt index, g, step), as documented by the sampler."""
+    index = torch.arange(prompt_ids.size(0)) if prompt_index is None else prompt_index
+    keys = row_keys(seed, index, num_generations)                               # [N]
     ids = prompt_ids.repeat_interleave(num_generations, 0)
     mask = prompt_mask.repeat_interleave(num_generations, 0)
     n = ids.size(0)
@@ -63,7 +66,7 @@ def reference_sample(model, prompt_ids, prompt_mask, *, num_generations, max_new
         logits = full_logits(model, ids, mask)[:, -1]
         probs = F.softmax(filter_logits(logits[running], temperature, top_k, top_p), -1)
         tok = torch.full((n,), pad_token_id)
-        tok[running] = draw(probs, generator)
+        tok[running] = draw(probs, token_uniforms(keys, t)[running])
         out[:, t] = tok
         steps = t + 1
         running = running & (tok != eos_token_id)
@@ -86,7 +89,7 @@ def pick_eos(model, ids, mask, step=2):
 
 def sampled_eos(model, ids, mask, position: int, seed: int, **kw) -> int:
     """The token row 0 draws at `position` with no EOS: as EOS under the same seed, row 0 stops there."""
-    probe = sample(model, ids, mask, eos_token_id=VOCAB + 1, generator=torch.Generator().manual_seed(seed), **kw)
+    probe = sample(model, ids, mask, eos_token_id=VOCAB + 1, seed=seed, **kw)
     return int(probe.completion_ids[0, position])
 
 
@@ -130,7 +133,7 @@ def test_prompts_are_prefilled_once_not_per_generation(lean):
                                            with_kwargs=True)
     try:
         sample(model, ids, mask, num_generations=4, max_new_tokens=3, eos_token_id=VOCAB + 1, pad_token_id=PAD,
-               generator=torch.Generator().manual_seed(0), lean=lean)
+               seed=0, lean=lean)
     finally:
         hook.remove()
     # the lean decoder (grpo/rollout/decoder.py) runs decode steps without the model's forward
@@ -146,8 +149,8 @@ def test_sampling_matches_cache_free_reference(temperature, top_k, top_p):
     kw = dict(num_generations=4, max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p,
               pad_token_id=PAD)
     kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 1234, **kw)  # row 0 (at least) stops early
-    gen = sample(model, ids, mask, generator=torch.Generator().manual_seed(1234), **kw)
-    ref = reference_sample(model, ids, mask, generator=torch.Generator().manual_seed(1234), **kw)
+    gen = sample(model, ids, mask, seed=1234, **kw)
+    ref = reference_sample(model, ids, mask, seed=1234, **kw)
     assert torch.equal(gen.completion_ids, ref)
     assert gen.completion_ids.shape[0] == 12
     assert (gen.completion_mask == 0).any()  # some rows stopped early: exercises dropping finished rows
@@ -163,7 +166,7 @@ def test_sampling_logprobs_match_full_forward(kind, temperature, top_k, top_p):
     kw = dict(num_generations=3, max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p,
               pad_token_id=PAD)
     eos = sampled_eos(model, ids, mask, 1, 7, **kw)
-    gen = sample(model, ids, mask, eos_token_id=eos, generator=torch.Generator().manual_seed(7), **kw)
+    gen = sample(model, ids, mask, eos_token_id=eos, seed=7, **kw)
     P, T = gen.prompt_ids.size(1), gen.completion_ids.size(1)
     logits = full_logits(model, torch.cat([gen.prompt_ids, gen.completion_ids], 1),
                          torch.cat([gen.prompt_mask, gen.completion_mask], 1))[:, P - 1:P - 1 + T]
@@ -196,8 +199,7 @@ def test_forced_eos_stops_immediately(pad):
     eos = 5
     model = with_eos_bias(make_model("qwen2"), eos, 100.0)
     ids, mask = make_prompts()
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad,
-                 generator=torch.Generator().manual_seed(0))
+    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad, seed=0)
     assert gen.completion_ids.tolist() == [[eos]] * 6
     assert gen.completion_mask.tolist() == [[1]] * 6
     assert not gen.truncated.any()
@@ -227,8 +229,7 @@ def test_max_new_tokens_truncates():
     eos = 5
     model = with_eos_bias(make_model("qwen2"), eos, -100.0)
     ids, mask = make_prompts()
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=7, eos_token_id=eos, pad_token_id=PAD,
-                 generator=torch.Generator().manual_seed(0))
+    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=7, eos_token_id=eos, pad_token_id=PAD, seed=0)
     assert gen.completion_ids.shape == (6, 7)
     assert (gen.completion_mask == 1).all()
     assert gen.truncated.all()
@@ -275,13 +276,13 @@ def test_filter_temperature_then_top_p():
 
 # 6. reproducibility, 7. training flag ------------------------------------------------------------
 
-def test_seeded_generator_is_reproducible():
+def test_seeded_sampling_is_reproducible():
     model = make_model("gpt2")
     ids, mask = make_prompts()
     kw = dict(num_generations=3, max_new_tokens=8, top_k=10, eos_token_id=3, pad_token_id=PAD)
-    a = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), **kw)
-    b = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), **kw)
-    c = sample(model, ids, mask, generator=torch.Generator().manual_seed(4), **kw)
+    a = sample(model, ids, mask, seed=3, **kw)
+    b = sample(model, ids, mask, seed=3, **kw)
+    c = sample(model, ids, mask, seed=4, **kw)
     for field in Generation.__dataclass_fields__:
         assert torch.equal(getattr(a, field), getattr(b, field))
     assert not torch.equal(a.completion_ids, c.completion_ids)
@@ -306,25 +307,73 @@ def test_training_flag_restored(training):
 
 def test_draw_follows_the_distribution_and_never_picks_zero_probability():
     probs = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3], [2.0, 0.0, 0.0, 0.0, 2.0]])   # row 1 unnormalised
-    g = torch.Generator().manual_seed(0)
     n = 40_000
-    counts = torch.zeros(2, 5)
-    for _ in range(n // 1000):
-        tok = torch.stack([draw(probs, g) for _ in range(1000)])            # [1000, 2]
-        for r in range(2):
-            counts[r] += torch.bincount(tok[:, r], minlength=5)
+    u = token_uniforms(row_keys(0, torch.arange(n), 2), 0)                     # [2n] row i*2+r: draw i of row r
+    tok = draw(probs.repeat(n, 1), u).view(n, 2)                               # [n, 2]
+    counts = torch.stack([torch.bincount(tok[:, r], minlength=5) for r in range(2)]).float()
     assert counts[0, 0] == counts[0, 2] == 0 and counts[1, 1:4].sum() == 0
     expected = probs / probs.sum(-1, keepdim=True)
     # binomial standard error at n = 40k is <= 0.0025: 4 sigma
     assert torch.allclose(counts / n, expected, atol=0.01)
 
 
-def test_draw_uses_one_uniform_per_row():
-    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    probs = torch.rand(4, 7)
-    tok = draw(probs, g1)
-    u = torch.rand(4, 1, generator=g2, dtype=torch.float64)
+def test_draw_is_the_inverse_cdf_of_one_uniform_per_row():
+    probs = torch.rand(4, 7, generator=torch.Generator().manual_seed(3))
+    u = torch.tensor([0.0, 0.3, 0.7, 1 - 2 ** -53], dtype=torch.float64)
+    tok = draw(probs, u)
     cdf = probs.double().cumsum(-1)
     expected = [(cdf[i] > u[i] * cdf[i, -1]).nonzero()[0].item() for i in range(4)]   # first v with C_v > u C_V
     assert tok.tolist() == expected
-    assert torch.equal(g1.get_state(), g2.get_state())
+    assert tok[0] == 0 and tok[3] == 6                  # u = 0 takes the first token, u -> 1 the last
+
+
+# keyed sampling: a prompt's completions do not depend on the batch, the rank or the world size ----------
+
+def test_a_batch_of_four_prompts_equals_two_batches_of_two_with_their_global_indices():
+    model = make_model("llama")
+    ids = torch.tensor([[11, 12, 13, 14, 15], [PAD, PAD, PAD, 21, 22], [PAD, 31, 32, 33, 34],
+                        [PAD, PAD, 41, 42, 43]])
+    mask = (ids != PAD).long()
+    kw = dict(num_generations=3, max_new_tokens=10, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=PAD)
+    kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 11, **kw)      # rows finish at different steps
+    index = torch.tensor([40, 41, 42, 43])                               # global positions of the 4 prompts
+    whole = sample(model, ids, mask, seed=11, prompt_index=index, **kw)
+    parts = []
+    for rows in ([0, 1], [2, 3]):                                        # "rank 0" and "rank 1"
+        sub_ids, sub_mask = ids[rows], mask[rows]
+        keep = sub_mask.any(0)                                           # each part left-padded to its own length
+        parts.append(sample(model, sub_ids[:, keep], sub_mask[:, keep], seed=11, prompt_index=index[rows], **kw))
+    T = whole.completion_ids.size(1)
+    split = torch.cat([torch.nn.functional.pad(p.completion_ids, (0, T - p.completion_ids.size(1)), value=PAD)
+                       for p in parts])
+    assert torch.equal(split, whole.completion_ids)
+    assert (whole.completion_mask == 0).any() and whole.completion_mask.all(1).any()  # early and late finishers
+    # the same prompts under other global indices sample other completions
+    shifted = sample(model, ids, mask, seed=11, prompt_index=index + 4, **kw)
+    assert not torch.equal(shifted.completion_ids, whole.completion_ids)
+
+
+def test_a_prompt_samples_the_same_completions_alone_or_in_a_batch_and_in_any_position():
+    model = make_model("qwen2")
+    ids, mask = make_prompts()
+    kw = dict(num_generations=2, max_new_tokens=8, top_k=10, eos_token_id=3, pad_token_id=PAD, seed=5)
+    batched = sample(model, ids, mask, prompt_index=torch.tensor([7, 8, 9]), **kw)
+    reversed_ = sample(model, ids.flip(0), mask.flip(0), prompt_index=torch.tensor([9, 8, 7]), **kw)
+    for i in range(3):
+        real = ids[i, mask[i].bool()][None]
+        alone = sample(model, real, torch.ones_like(real), prompt_index=torch.tensor([7 + i]), **kw)
+        rows = slice(2 * i, 2 * i + 2)
+        T = alone.completion_ids.size(1)
+        assert torch.equal(alone.completion_ids, batched.completion_ids[rows, :T])
+        assert (batched.completion_ids[rows, T:] == PAD).all()
+        back = slice(2 * (2 - i), 2 * (2 - i) + 2)
+        assert torch.equal(reversed_.completion_ids[back, :T], alone.completion_ids)
+
+
+def test_greedy_ignores_the_keys():
+    model = make_model("gpt2")
+    ids, mask = make_prompts()
+    kw = dict(num_generations=2, max_new_tokens=6, temperature=0, eos_token_id=VOCAB + 1, pad_token_id=PAD)
+    a = sample(model, ids, mask, seed=1, **kw)
+    b = sample(model, ids, mask, seed=2, prompt_index=torch.tensor([5, 9, 100]), **kw)
+    assert torch.equal(a.completion_ids, b.completion_ids)

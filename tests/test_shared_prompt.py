@@ -135,3 +135,37 @@ def test_sliding_window_models_take_the_plain_forward():
     ids, mask = group_batch()
     completion_logprobs(model, ids, mask, T)
     assert len(calls) == 1
+
+
+def test_group_sum_adds_the_rows_of_each_group():
+    x = torch.tensor([[1.0, 2.0], [10.0, 20.0], [100.0, 200.0], [1000.0, 2000.0]])
+    inverse = torch.tensor([1, 0, 1, 1])
+    # group 0: row 1 = [10, 20]; group 1: rows 0, 2, 3 = [1 + 100 + 1000, 2 + 200 + 2000]
+    assert torch.equal(shared_prompt.group_sum(x, inverse, 2), torch.tensor([[10.0, 20.0], [1101.0, 2202.0]]))
+    assert torch.equal(shared_prompt.group_sum(x, inverse, 3)[2], torch.zeros(2))       # an empty group is 0
+
+
+def test_expand_rows_backward_is_deterministic_and_equals_index_select():
+    """The cache expansion's backward (many rows into one prompt row) gives the same result at every
+    call, on a shape where `keys[inverse]`'s backward (index_put_ with accumulate, run by several threads
+    at once) varied from call to call at 2 threads, and equals index_select's gradient within rounding."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(0)
+        U, G = 16, 8                                                         # 16 prompts x 8 rows: [128, 2, 20, 32]
+        x = torch.randn(U, 2, 20, 32, generator=g, requires_grad=True)
+        inverse = torch.arange(U).repeat_interleave(G)[torch.randperm(U * G, generator=g)]
+        upstream = torch.randn(U * G, 2, 20, 32, generator=g)
+        grads = []
+        for _ in range(20):
+            x.grad = None
+            shared_prompt.expand_rows(x, inverse).backward(upstream)
+            grads.append(x.grad.clone())
+        assert all(torch.equal(grads[0], grad) for grad in grads[1:])
+        x.grad = None
+        x.index_select(0, inverse).backward(upstream)
+        torch.testing.assert_close(grads[0], x.grad, atol=1e-5, rtol=1e-5)
+        assert torch.equal(shared_prompt.expand_rows(x, inverse), x[inverse])   # the forward is a plain gather
+    finally:
+        torch.set_num_threads(previous)

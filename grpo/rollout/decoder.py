@@ -113,7 +113,7 @@ class LeanDecoder:
             positions=prompt_mask.long().sum(dim=-1).repeat_interleave(num_generations),  # [N]
             num_generations=num_generations,
             num_kv_heads=kv,
-            fused=fuse_projections(self.model.model.layers),
+            fused=fuse_projections(self.model.model.layers, active_dtype(prompt_mask.device)),
         )
 
     def step(self, cache: StaticCache, tokens: torch.Tensor) -> torch.Tensor:
@@ -207,10 +207,11 @@ class FusedLayer:
     down_bias: torch.Tensor | None
 
 
-def fuse_projections(layers) -> list[FusedLayer] | None:
+def fuse_projections(layers, dtype: torch.dtype | None = None) -> list[FusedLayer] | None:
     """Concatenated q/k/v and gate/up weights of every layer, or None when any projection is not a
     plain linear layer (LoRA, quantised, ...), the MLP is not gate/up/down, or the copies would
-    exceed :data:`FUSE_MAX_BYTES`."""
+    exceed :data:`FUSE_MAX_BYTES`. `dtype` (autocast's, under `train.precision` bf16 / fp16): the
+    concatenated copies are made in it once, where autocast would cast them at every decode step."""
     plain = (torch.nn.Linear, DnnLinear)
     size = 0
     for layer in layers:
@@ -229,11 +230,12 @@ def fuse_projections(layers) -> list[FusedLayer] | None:
             qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
             biases = [m.bias for m in qkv]
             fused.append(FusedLayer(
-                qkv=torch.cat([m.weight for m in qkv]),  # [H*d + 2*kv*d, D]
+                qkv=torch.cat([m.weight for m in qkv]).to(dtype),  # [H*d + 2*kv*d, D]
                 qkv_bias=None if all(b is None for b in biases) else torch.cat(
-                    [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(qkv, biases)]),
+                    [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(qkv, biases)]
+                ).to(dtype),
                 qkv_sizes=tuple(m.out_features for m in qkv),
-                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),  # [2*I, D]
+                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype),  # [2*I, D]
                 o=attn.o_proj.weight, o_bias=attn.o_proj.bias, down=mlp.down_proj.weight, down_bias=mlp.down_proj.bias,
             ))
     return fused
@@ -294,7 +296,7 @@ class StaticCache:
         x = x.reshape(self.num_rows, kv, -1, k)  # [N, kv, R, k]
         if self.compacted:
             x = x.index_select(0, self.rows)  # [n, kv, R, k]
-        return x.view(-1, x.size(2), k)  # [n*kv, R, k]
+        return x.reshape(-1, x.size(2), k)  # [n*kv, R, k] (a copy when B = 1: the reshape above was a strided view)
 
     def select(self, kept: torch.Tensor) -> None:
         """Keep only rows ``kept`` (finished rows leave the batch).

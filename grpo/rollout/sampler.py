@@ -9,9 +9,10 @@ for the new tokens, no per-step Hugging Face overhead); other models run their o
 prompts' ``DynamicCache`` repeated G times.
 
 Randomness contract (what a reference implementation must mirror to reproduce tokens exactly):
-at each step exactly one :func:`draw` call is made (one float64 uniform per row from
-``generator``) on ``probs`` ``[n_running, V]`` with the still-running rows in increasing row order.
-Greedy decoding (``temperature == 0``) draws nothing.
+token ``t`` of row ``i * G + g`` is drawn by :func:`draw` with the uniform
+``token_uniforms(row_keys(seed, prompt_index, G), t)[i * G + g]`` (grpo/rollout/keyed.py): a pure
+function of (seed, the prompt's global index, g, t), whatever else is in the batch and whichever
+rows have already finished. Greedy decoding (``temperature == 0``) draws nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from grpo.precision import cast_frozen_linears
 from grpo.rollout.decoder import LeanDecoder, StaticCache, lean_decoder
+from grpo.rollout.keyed import row_keys, token_uniforms
 
 
 @dataclass
@@ -74,20 +76,20 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     return logits
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row from (unnormalised) probabilities by inverse-CDF sampling.
 
     token = min{v : C_v > u * C_V}, with C the float64 cumulative sum over the vocabulary and
-    u ~ U[0, 1) one uniform per row, so P(token = v) = p_v / sum(p): the distribution of
+    u in [0, 1) the row's uniform, so for u ~ U[0, 1) P(token = v) = p_v / sum(p): the distribution of
     ``torch.multinomial(probs, 1)``, which on CPU draws V exponentials per row (9 ms per decode step
-    at 16 rows x 32k vocabulary) where this draws one uniform. A zero-probability token is never
+    at 16 rows x 32k vocabulary) where this uses one uniform. A zero-probability token is never
     chosen (its C_v equals C_{v-1}).
 
     Shape:
-        probs: [n, V] -> [n] long
+        probs: [n, V], uniforms: [n] float64 -> [n] long
     """
     cdf = probs.double().cumsum(dim=-1)  # [n, V]
-    u = torch.rand(probs.size(0), 1, generator=generator, dtype=torch.float64, device=probs.device)  # [n, 1]
+    u = uniforms.to(cdf.dtype)[:, None]  # [n, 1]
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [n, 1]
     return tokens.squeeze(-1).clamp_(max=probs.size(-1) - 1)  # [n]
 
@@ -97,22 +99,22 @@ def choose_tokens(
     temperature: float,
     top_k: int,
     top_p: float,
-    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row and return it with its log-prob under the distribution it came from.
 
-    ``temperature == 0`` is greedy: argmax of the raw logits, log-prob from their log-softmax.
-    Otherwise one :func:`draw` over the filtered distribution.
+    ``temperature == 0`` is greedy: argmax of the raw logits, log-prob from their log-softmax
+    (``uniforms`` unused, may be None). Otherwise one :func:`draw` over the filtered distribution.
 
     Shape:
-        logits: [n, V] -> tokens [n] long, logprobs [n] float32
+        logits: [n, V], uniforms: [n] float64 -> tokens [n] long, logprobs [n] float32
     """
     if temperature == 0:
         logprobs = F.log_softmax(logits.float(), dim=-1)  # [n, V]
         tokens = logprobs.argmax(dim=-1)  # [n]
     else:
         logprobs = F.log_softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)  # [n, V]
-        tokens = draw(logprobs.exp(), generator)  # [n]
+        tokens = draw(logprobs.exp(), uniforms)  # [n]
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [n], [n]
 
 
@@ -256,17 +258,22 @@ def sample(
     top_k: int = 0,
     eos_token_id: int,
     pad_token_id: int,
-    generator: torch.Generator | None = None,
+    seed: int = 0,
+    prompt_index: torch.Tensor | None = None,
     lean: bool = True,
 ) -> Generation:
     """Sample ``num_generations`` completions for each left-padded prompt (see module docstring).
+
+    Randomness is keyed, not drawn from a generator: ``seed`` and ``prompt_index`` (each prompt's
+    global position in the run's prompt order, default ``0 .. B-1``) decide every token, so a prompt
+    gets the same completions whatever batch, rank or world size samples it (grpo/rollout/keyed.py).
 
     The model is put in eval mode while sampling and its training flag is restored afterwards.
     ``lean=False`` forces the model's own forward for decoding (the reference the lean decoder of
     :mod:`grpo.rollout.decoder` is tested against); tokens are the same either way.
 
     Shape:
-        prompt_ids, prompt_mask: [B, P] -> Generation with N = B * num_generations rows
+        prompt_ids, prompt_mask: [B, P], prompt_index: [B] long -> Generation with N = B * num_generations rows
     """
     was_training = model.training
     model.eval()
@@ -279,11 +286,15 @@ def sample(
         logits, decoding = prefill_shared(model, prompt_ids, prompt_mask, num_generations, max_new_tokens,
                                           lean)  # [N, V]
         running = torch.arange(n_rows, device=device)  # [n] row index of each running sequence
+        if prompt_index is None:
+            prompt_index = torch.arange(prompt_ids.size(0), device=device)  # [B]
+        keys = row_keys(seed, prompt_index.to(device), num_generations)  # [n] key of each running row
         completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
         steps = 0
         for step in range(max_new_tokens):
-            tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, generator)  # [n], [n]
+            uniforms = token_uniforms(keys, step) if temperature > 0 else None  # [n] float64
+            tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms)  # [n], [n]
             completion_ids[running, step] = tokens
             logprobs[running, step] = token_logprobs
             steps = step + 1
@@ -293,7 +304,7 @@ def sample(
             if not keep.all():  # drop finished rows from the batch and the cache
                 kept = keep.nonzero().squeeze(-1)  # [n']
                 decoding.select(kept)
-                running, tokens = running[kept], tokens[kept]  # [n'], [n']
+                running, tokens, keys = running[kept], tokens[kept], keys[kept]  # [n'] each
             logits = decoding.step(tokens)  # [n, V]
     finally:
         frozen.close()
