@@ -1,6 +1,6 @@
 """`train.precision` bf16 against fp32: seconds per GRPO step, stage by stage, and peak memory.
 
-    .venv/bin/python bench/precision.py [--configs qwen2-100m] [--steps 6] [--rounds 3]
+    .venv/bin/python bench/precision.py [--configs qwen2-100m] [--steps 6] [--rounds 3] [--threads N]
 
 Each run is `grpo train` in a fresh process on the configuration of bench/speed.py and
 bench/trl_compare.py (qwen2-100m: a random 100M Qwen2 with a 32k vocabulary, G = 8, 2 prompts per
@@ -9,8 +9,10 @@ otherwise: `model.cpu_matmul: auto`, token-budget micro-batches). The precisions
 (fp32, bf16, then bf16, fp32, ...) `--rounds` times each. Per run: the median over steps 2.. of
 metrics.jsonl's time/rollout_s (sampling), time/experience_s (sampling + rewards + reference pass),
 time/update_s and time/step_s; the peak RSS is ru_maxrss of the process (model loading included).
-Each number is then the median over rounds; the ratios are fp32 / bf16 (> 1: bf16 faster). Writes
-bench/results/precision.json.
+Each number is then the median over rounds; the ratios are fp32 / bf16 (> 1: bf16 faster). The
+machine's 1-minute load average is recorded before every run (other jobs share the cores; `--threads 1`
+is far less sensitive to them than two threads, whose OpenMP barriers stall when a core is taken).
+Writes bench/results/precision.json.
 """
 
 from __future__ import annotations
@@ -62,21 +64,23 @@ def order(rounds: int) -> list[str]:
     return [p for r in range(rounds) for p in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32"))]
 
 
-def compare(name: str, steps: int, rounds: int, tmp: Path) -> dict:
-    """Both precisions on one configuration; returns one row of medians and fp32 / bf16 ratios."""
+def compare(name: str, steps: int, rounds: int, tmp: Path, threads: int = 0) -> dict:
+    """Both precisions on one configuration (`threads` 0 = the configuration's); returns one row of
+    medians and fp32 / bf16 ratios."""
     from bench.common import median
     from bench.speed import model_dir
     from bench.trl_compare import BETA, CONFIGS, write_prompts
 
-    c = CONFIGS[name]
+    c = {**CONFIGS[name], **({"threads": threads} if threads else {})}
     data = tmp / "prompts.jsonl"
     write_prompts(data, 4096)
     runs: dict[str, list[dict]] = {"fp32": [], "bf16": []}
     for i, precision in enumerate(order(rounds)):
         spec = {**c, "model": str(model_dir(name)), "data": str(data), "beta": BETA, "steps": steps,
                 "precision": precision, "out": str(tmp / f"{name}-{precision}-{i}")}
-        out = run(spec)
-        print(f"  {name} {precision}: step_s {[round(s, 2) for s in out['step_s']]}, "
+        load = os.getloadavg()[0]
+        out = {**run(spec), "load_before": load}
+        print(f"  {name} {precision} (load {load:.1f}): step_s {[round(s, 2) for s in out['step_s']]}, "
               f"update_s {[round(s, 2) for s in out['update_s']]}, peak {out['peak_rss_mb']:.0f} MiB", flush=True)
         runs[precision].append(out)
     row = {"config": name, "threads": c["threads"], "G": c["G"], "prompts": c["prompts"], "new_tokens": c["new_tokens"]}
@@ -84,6 +88,7 @@ def compare(name: str, steps: int, rounds: int, tmp: Path) -> dict:
         for stage in STAGES:
             row[f"{precision}_{stage}"] = median([median(o[stage][1:]) for o in outs])
         row[f"{precision}_peak_mb"] = median([o["peak_rss_mb"] for o in outs])
+        row[f"{precision}_runs"] = outs
     for stage in STAGES:
         row[f"speedup_{stage}"] = row[f"fp32_{stage}"] / row[f"bf16_{stage}"]
     row["memory_ratio"] = row["bf16_peak_mb"] / row["fp32_peak_mb"]
@@ -110,9 +115,10 @@ def main() -> None:
     parser.add_argument("--configs", default="qwen2-100m")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = the configuration's: 2)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [compare(name, args.steps, args.rounds, Path(tmp)) for name in args.configs.split(",")]
+        rows = [compare(name, args.steps, args.rounds, Path(tmp), args.threads) for name in args.configs.split(",")]
     print_table(rows, ["config", "threads", *(f"speedup_{s}" for s in STAGES), "fp32_peak_mb", "bf16_peak_mb",
                        "memory_ratio"])
     print(markdown(rows))

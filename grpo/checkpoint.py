@@ -2,7 +2,7 @@
 
 A checkpoint holds the policy (`save_pretrained` of the full model, or of the LoRA adapter only),
 the tokenizer, `optimizer.pt` (optimizer and scheduler state), `rng_state.pt` (python, numpy and
-torch generators, the sampling generator and the prompt order), `reference.safetensors` (only when
+torch generators and the prompt order, whose positions also key the sampling: grpo/rollout/keyed.py), `reference.safetensors` (only when
 the reference policy is refreshed during training), `trainer_state.json` (step, config) and, written
 last, `manifest.json`: the size and sha256 of every other file. :func:`verify_checkpoint` checks
 them, so a torn or corrupted checkpoint is never resumed from.

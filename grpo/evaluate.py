@@ -18,7 +18,8 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
              seed: int = 0) -> dict[str, float]:
     """Mean of each reward function over `rows` (e.g. {"accuracy": 0.41, "format": 0.99, ...}).
 
-    temperature 0 = greedy decoding (the default), otherwise one sample per prompt.
+    temperature 0 = greedy decoding (the default), otherwise one sample per prompt, keyed by `seed` and the
+    row's index in `rows` (so it does not depend on `batch_size`).
     """
     from grpo.experience import decode_completions, reward_columns  # the same decoding as in training
 

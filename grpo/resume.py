@@ -1,8 +1,8 @@
 """Saving and resuming the whole training state, so an interrupted run continues bit for bit.
 
 A checkpoint captures (see grpo/checkpoint.py for the files): the policy (full weights or the LoRA
-adapter), optimizer and scheduler, the python / numpy / torch / sampling generators, the position
-in the data order (grpo.data.PromptStream), the step, and the reference policy when
+adapter), optimizer and scheduler, the python / numpy / torch generators, the position
+in the data order (grpo.data.PromptStream; with train.seed it also keys the sampling), the step, and the reference policy when
 `algorithm.ref_update_steps` makes it change (otherwise the reference is the initial policy, or the
 LoRA base, which the resumed run rebuilds from `model.path`). No rollouts are ever buffered across a
 checkpoint: the trainer does all mu = `algorithm.num_iterations` updates of a generation batch

@@ -6,8 +6,8 @@ restored state or stop the run, never be listed as changed while the old value s
 * **Refused** (:data:`REFUSED`, a ConfigError naming the key, before anything is written): keys
   whose old value is baked into the checkpoint: the model the weights were trained from
   (``model.path``), the shape and scale of the LoRA adapter (``lora.enabled``, ``lora.r``,
-  ``lora.alpha``, ``lora.target_modules``), the seed (the generators continue from their saved
-  states, so a new seed would change nothing), and a refreshed reference policy the checkpoint does
+  ``lora.alpha``, ``lora.target_modules``), the seed (the prompt order continues from its saved
+  state while sampling, keyed by the seed, would not: a mix of two runs), and a refreshed reference policy the checkpoint does
   not hold (``algorithm.ref_update_steps`` / ``algorithm.beta`` turned on).
 * **Applied** (warned about, with each key): everything else. The optimizer's settings are read back
   from the checkpoint, so :func:`apply_optimizer_settings` puts the run's ``optim.lr``,
@@ -35,7 +35,8 @@ REFUSED: dict[str, str] = {
     "lora.r": "the adapter in the checkpoint has the old rank",
     "lora.alpha": "the adapter's update is scaled by lora.alpha / lora.r: a new alpha changes the trained policy",
     "lora.target_modules": "the adapter in the checkpoint covers the old modules",
-    "train.seed": "the random generators continue from the checkpoint's states, so a new seed would change nothing",
+    "train.seed": "the prompt order continues from the checkpoint's state, while the sampling (keyed by the seed) "
+                  "would follow the new seed: a mix of two runs",
 }
 
 

@@ -1,6 +1,9 @@
 """One rank of tests/test_distributed.py, launched by `python -m torch.distributed.run --nproc-per-node 2`.
 
-    dist_worker.py MODE WORK MODEL_DIR REWARD
+    dist_worker.py MODE WORK MODEL_DIR REWARD          (parts 1 and 2)
+    dist_worker.py MODE WORK MODEL_DIR REWARD same     (part 3; a launch of its own: a process group
+                                                        created again after train() destroyed one can
+                                                        meet the old one's gloo addresses in the store)
 
 1. policy_update through DDP / FSDP2 on this rank's rows of a fixed global batch, compared with the
    single-process policy_update on the whole batch (every rank computes that too): WORK/unit-<rank>.json.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -119,20 +123,22 @@ def same_as_one(mode: str, model_dir: str, reward: str, work: Path) -> None:
     grpo.trainer.build_optimizer = grpo.update.build_optimizer = plain_sgd   # FSDP2 rebuilds it from grpo.update
     flat = tiny_config(Path(model_dir), reward, work / "same", **{**SAME_AS_ONE, "train.parallel": mode})
     result = train(build_config(overrides=flat))
-    rank = torch.distributed.get_rank()
+    rank = int(os.environ["RANK"])                                    # the process group is gone after train()
     (work / f"draws-{rank}.json").write_text(json.dumps(log))
     torch.save({k: v.detach().clone() for k, v in result.model.state_dict().items()}, work / f"same-rank{rank}.pt")
 
 
 def main() -> None:
     mode, work, model_dir, reward = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    if sys.argv[5:] == ["same"]:
+        same_as_one(mode, model_dir, reward, work)
+        return
     unit(mode, model_dir, reward, work)
     flat = tiny_config(Path(model_dir), reward, work / "run", **{"train.max_steps": 2, "train.save_steps": 1,
                                                                 "train.parallel": mode})
     rank = torch.distributed.get_rank()
     result = train(build_config(overrides=flat))
     torch.save({k: v.detach().clone() for k, v in result.model.state_dict().items()}, work / f"rank{rank}.pt")
-    same_as_one(mode, model_dir, reward, work)
 
 
 if __name__ == "__main__":

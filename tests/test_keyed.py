@@ -53,6 +53,12 @@ def test_a_rows_uniforms_do_not_depend_on_the_other_rows():
         assert torch.equal(token_uniforms(keys[subset], t), token_uniforms(keys, t)[subset])
 
 
+def test_a_block_of_steps_equals_the_steps_one_at_a_time():
+    keys = row_keys(9, torch.tensor([3, 1]), 2)                                 # [4]
+    block = token_uniforms(keys[:, None], torch.arange(30, 62))                 # [4, 32]: steps 30..61 at once
+    assert torch.equal(block, torch.stack([token_uniforms(keys, t) for t in range(30, 62)], dim=1))
+
+
 def test_keys_separate_seed_prompt_sample_and_token():
     u = {}
     for seed in (0, 1):

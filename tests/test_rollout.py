@@ -156,6 +156,21 @@ def test_sampling_matches_cache_free_reference(temperature, top_k, top_p):
     assert (gen.completion_mask == 0).any()  # some rows stopped early: exercises dropping finished rows
 
 
+def test_sampling_across_blocks_of_uniforms_matches_the_reference():
+    from grpo.rollout.sampler import UNIFORM_BLOCK
+
+    model = make_model("llama")
+    ids, mask = make_prompts()
+    kw = dict(num_generations=2, max_new_tokens=UNIFORM_BLOCK + 6, temperature=1.0, top_k=0, top_p=1.0,
+              pad_token_id=PAD, prompt_index=torch.tensor([4, 0, 9]))
+    kw["eos_token_id"] = sampled_eos(model, ids, mask, UNIFORM_BLOCK + 2, 21, **kw)   # row 0 stops in block 2
+    gen = sample(model, ids, mask, seed=21, **kw)
+    ref = reference_sample(model, ids, mask, seed=21, **kw)
+    assert torch.equal(gen.completion_ids, ref)
+    lengths = gen.completion_mask.sum(1)                                         # [6]
+    assert lengths[0] <= UNIFORM_BLOCK + 3 and (lengths > UNIFORM_BLOCK).any() and (lengths < lengths.max()).any()
+
+
 # 3. sampling_logprobs == log-softmax of filtered logits of a full forward -------------------------
 
 @pytest.mark.parametrize("kind", ["qwen2", "gpt2"])

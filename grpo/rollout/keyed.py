@@ -73,9 +73,9 @@ def row_keys(seed: int, prompt_index: torch.Tensor, num_generations: int) -> tor
     return child_key(prompts[:, None], samples[None, :]).reshape(-1)                        # [B * G]
 
 
-def token_uniforms(keys: torch.Tensor, t: int) -> torch.Tensor:
+def token_uniforms(keys: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
     """The uniform in [0, 1) that draws token ``t`` of each row (53 random bits, as ``torch.rand``).
 
-    Shape: keys [n] int64 -> [n] float64
+    Shape: keys [n] int64, t int -> [n] float64; keys [n, 1], t [K] long (steps) -> [n, K] float64
     """
-    return shift_right(child_key(keys, t), 11).double() * 2.0 ** -53                      # [n]
+    return shift_right(child_key(keys, t), 11).double() * 2.0 ** -53                      # [n] | [n, K]

@@ -28,6 +28,9 @@ from grpo.precision import cast_frozen_linears
 from grpo.rollout.decoder import LeanDecoder, StaticCache, lean_decoder
 from grpo.rollout.keyed import row_keys, token_uniforms
 
+#: Decode steps whose uniforms are computed at once (one hash of [n, 32] instead of 32 hashes of [n]).
+UNIFORM_BLOCK = 32
+
 
 @dataclass
 class Generation:
@@ -289,11 +292,15 @@ def sample(
         if prompt_index is None:
             prompt_index = torch.arange(prompt_ids.size(0), device=device)  # [B]
         keys = row_keys(seed, prompt_index.to(device), num_generations)  # [n] key of each running row
+        block = None  # [n, UNIFORM_BLOCK] uniforms of the running rows for the current block of steps
         completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
         steps = 0
         for step in range(max_new_tokens):
-            uniforms = token_uniforms(keys, step) if temperature > 0 else None  # [n] float64
+            if temperature > 0 and step % UNIFORM_BLOCK == 0:
+                steps_ahead = torch.arange(step, step + UNIFORM_BLOCK, device=device)  # [K]
+                block = token_uniforms(keys[:, None], steps_ahead)  # [n, K] float64
+            uniforms = block[:, step % UNIFORM_BLOCK] if block is not None else None  # [n]
             tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms)  # [n], [n]
             completion_ids[running, step] = tokens
             logprobs[running, step] = token_logprobs
@@ -305,6 +312,7 @@ def sample(
                 kept = keep.nonzero().squeeze(-1)  # [n']
                 decoding.select(kept)
                 running, tokens, keys = running[kept], tokens[kept], keys[kept]  # [n'] each
+                block = block[kept] if block is not None else None  # [n', K]
             logits = decoding.step(tokens)  # [n, V]
     finally:
         frozen.close()
