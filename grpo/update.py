@@ -15,7 +15,7 @@ import torch
 from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.loss import AGGREGATIONS, grpo_loss
-from grpo.precision import active_dtype, cast_frozen_linears, loss_scaler, paused
+from grpo.precision import active_dtype, cast_frozen_linears, cast_trainable_linears, loss_scaler, paused
 from grpo.types import TrainBatch
 
 
@@ -174,7 +174,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = 0.0
     buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
                                                              micro_batch_tokens))   # FSDP2: same count on every rank
-    with cast_frozen_linears(model, device):                  # autocast: LoRA's frozen weights cast once
+    with cast_frozen_linears(model, device), cast_trainable_linears(model, device):   # autocast: weights cast once
         for index, rows in enumerate(buckets):
             mb = batch.rows(rows)
             with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end
@@ -194,6 +194,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
             clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
             ent_loss += terms.entropy_term
             ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
+    if amp is not None:
+        torch.clear_autocast_cache()   # free the weights' casts before the step's peak (and they would be stale)
     loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss = par.reduce(
         [loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss])   # over ranks
     params = [p for p in model.parameters() if p.requires_grad]
@@ -207,8 +209,6 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         optimizer.step()
     if scaler is not None:
         scaler.update()                                       # overflow: halve the scale; else grow it slowly
-    if amp is not None:
-        torch.clear_autocast_cache()                          # the cached casts hold the old weights
     lr = optimizer.param_groups[0]["lr"]
     if not skipped:
         scheduler.step()

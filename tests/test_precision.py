@@ -11,7 +11,8 @@ import torch
 from grpo.config import AlgorithmConfig, ConfigError, OptimConfig, build_config
 from grpo.logprobs import completion_logprobs, fixed_logprobs
 from grpo.models import build_model, build_tokenizer
-from grpo.precision import active_dtype, autocast, autocast_dtype, cast_frozen_linears, loss_scaler
+from grpo.precision import (active_dtype, autocast, autocast_dtype, cast_frozen_linears, cast_trainable_linears,
+                            loss_scaler)
 from grpo.rollout import sample
 from grpo.types import TrainBatch
 from grpo.update import build_optimizer, policy_update
@@ -153,6 +154,39 @@ def test_frozen_linears_are_cast_once_with_autocast_values():
         assert ref.lm_head.weight is originals["model.embed_tokens.weight"]       # still tied
     with autocast(CPU, "bf16"), cast_frozen_linears(model, CPU):           # trainable weights: left to autocast
         assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_trainable_casts_give_autocast_values_and_gradients():
+    """The update's casts of trainable oneDNN-linear weights (made once, a new autograd node at each use)
+    give autocast's own log-probs bit for bit, and its gradients up to the order of accumulation: a weight
+    used twice in a micro-batch (shared prompt pass, then completions) has its two bfloat16 gradients
+    summed in float32 here, in bfloat16 by autocast's cached cast, so these are a little closer to float32's."""
+    from contextlib import nullcontext
+
+    from grpo.kernels import DnnLinear, use_cpu_matmul
+
+    model, tok = micro_policy()
+    batch = rollout_batch(model, tok)
+    assert use_cpu_matmul(model, "onednn") > 0
+    linears = [m for m in model.modules() if isinstance(m, DnnLinear)]
+
+    def logp_and_grads(precision, casts):
+        model.zero_grad(set_to_none=True)
+        with autocast(CPU, precision), casts:
+            logp, _ = completion_logprobs(model.train(), batch.input_ids, batch.attention_mask, batch.completion_length)
+            (logp * batch.completion_mask).sum().backward()
+        return logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    exact = logp_and_grads("fp32", nullcontext())
+    plain = logp_and_grads("bf16", nullcontext())
+    with cast_trainable_linears(model, CPU):
+        assert all(m.cast_weight is None for m in linears)                  # no autocast: nothing cast
+    casts = cast_trainable_linears(model, CPU)
+    cast = logp_and_grads("bf16", casts)
+    assert all(m.cast_weight is None for m in linears)                      # dropped after the block
+    assert torch.equal(plain[0], cast[0]) and cast[1].dtype is torch.float32
+    assert (cast[1] - plain[1]).norm() < 1e-3 * plain[1].norm()
+    assert (cast[1] - exact[1]).norm() <= (plain[1] - exact[1]).norm()
 
 
 def test_fp16_scaler_scales_and_skips_an_overflowing_step():

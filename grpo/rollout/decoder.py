@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.kernels import DnnLinear, linear
-from grpo.precision import active_dtype
+from grpo.precision import active_dtype, paused
 
 #: model_type -> whether each attention head's q and k go through an RMSNorm before rotary (Qwen3).
 HEAD_NORM: dict[str, bool] = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
@@ -88,9 +88,7 @@ class LeanDecoder:
         """Set up decoding of G samples for each of B prefilled prompts (row i*G+g from prompt i).
 
         The prompt's keys/values are kept once per prompt (not G times): attention to them is one
-        matmul per prompt and kv head over its G*R query rows. Under autocast (`train.precision`) the
-        whole cache is kept in the autocast dtype, which the attention matmuls would cast it to at
-        every step anyway (same values, no per-step casts).
+        matmul per prompt and kv head over its G*R query rows.
 
         Shape:
             cache: DynamicCache of batch B over P positions, prompt_mask: [B, P] -> StaticCache of N = B*G rows
@@ -98,13 +96,11 @@ class LeanDecoder:
         batch, prompt_len = prompt_mask.shape
         kv, d, groups = self.num_kv_heads, self.head_dim, self.num_heads // self.num_kv_heads
         n_rows = batch * num_generations
-        dtype = active_dtype(prompt_mask.device) or cache.layers[0].keys.dtype
-        keys = cache.layers[0].keys.to(dtype)
+        keys = cache.layers[0].keys
         bias = keys.new_zeros(batch, prompt_len).masked_fill_(prompt_mask == 0, float("-inf"))  # [B, P]
         return StaticCache(
-            prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len).to(dtype)
-                         for layer in cache.layers],
-            prompt_values=[layer.values.reshape(batch * kv, prompt_len, d).to(dtype) for layer in cache.layers],
+            prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len) for layer in cache.layers],
+            prompt_values=[layer.values.reshape(batch * kv, prompt_len, d) for layer in cache.layers],
             prompt_bias=bias[:, None, None, :].expand(batch, kv, num_generations * groups, prompt_len)
             .reshape(batch * kv, num_generations * groups, prompt_len),  # [B*kv, G*R, P]
             keys=[keys.new_empty(n_rows, kv, max_new_tokens, d) for _ in cache.layers],
@@ -151,10 +147,15 @@ class LeanDecoder:
         float32 as in ``eager_attention_forward``. The R = heads / kv_heads query heads sharing a kv
         head (GQA: head h reads kv head h // R) are R query rows of one matmul: K/V are never repeated.
 
+        Under autocast (`train.precision`) the projections run in its dtype and the attention itself
+        with autocast paused, in the cache's dtype (float32 for a float32 model): on the CPU, bfloat16
+        batched matmuls are no faster at these shapes, and oneDNN would build and keep a kernel for
+        every new key length t + 1 (~130 MiB more resident memory on qwen2-100m).
+
         Shape:
             x: [n, D], rope: (cos, signed sin, both times scaling) each [n, 1, d] -> [n, D]
         """
-        n, kv, d, t = x.size(0), self.num_kv_heads, self.head_dim, cache.length
+        n, kv, d = x.size(0), self.num_kv_heads, self.head_dim
         fused = cache.fused[i] if cache.fused else None
         if fused is not None:  # one GEMM for q, k and v
             q, k, v = linear(x, fused.qkv, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)  # [n, H*d], [n, kv*d] x 2
@@ -165,6 +166,18 @@ class LeanDecoder:
             v = attn.v_proj(x).view(n, kv, d)  # [n, kv, d]
         if self.head_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)  # [n, H, d], [n, kv, d]
+        with paused(x.device):
+            out = self.cached_attention(q, k, v, rope, cache, i).view(n, -1)  # [n, H*d]
+        return attn.o_proj(out) if fused is None else linear(out, fused.o, fused.o_bias)  # [n, D]
+
+    @staticmethod
+    def cached_attention(q, k, v, rope, cache: StaticCache, i: int) -> torch.Tensor:
+        """Rotate q and k, write k and v into layer ``i``'s cache column, attend over prompt and new tokens.
+
+        Shape:
+            q: [n, H, d], k, v: [n, kv, d] -> [n*kv, R, d]
+        """
+        n, kv, d, t = q.size(0), k.size(1), q.size(-1), cache.length
         keys, values = cache.keys[i], cache.values[i]  # [n, kv, T, d] each
         keys[:, :, t] = rotate(k, rope[0], rope[1])  # [n, kv, d]
         values[:, :, t] = v  # [n, kv, d]
@@ -176,9 +189,7 @@ class LeanDecoder:
         p = on_prompt.size(-1)
         from_prompt = torch.bmm(cache.by_prompt(probs[..., :p]), cache.prompt_values[i])  # [B*kv, G*R, d]
         new_values = values[:, :, :t + 1].reshape(n * kv, t + 1, d)  # [n*kv, t+1, d]
-        out = torch.baddbmm(cache.to_rows(from_prompt), probs[..., p:], new_values)  # [n*kv, R, d]
-        out = out.view(n, -1)  # [n, H*d]
-        return attn.o_proj(out) if fused is None else linear(out, fused.o, fused.o_bias)  # [n, D]
+        return torch.baddbmm(cache.to_rows(from_prompt), probs[..., p:], new_values)  # [n*kv, R, d]
 
 
 #: Fuse q/k/v and gate/up weights for a rollout only while the copies stay this small: the fusion

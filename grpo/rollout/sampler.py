@@ -316,6 +316,7 @@ def sample(
             logits = decoding.step(tokens)  # [n, V]
     finally:
         frozen.close()
+        torch.clear_autocast_cache()  # autocast: the rollout's weight casts would sit beside the next pass's
         model.train(was_training)
 
     completion_ids = completion_ids[:, :steps]  # [N, T]
