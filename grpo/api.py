@@ -119,7 +119,7 @@ class Trainer:
             rows = load_prompts(cfg.data, cfg.train.seed, self.tokenizer, records=records).rows
         return evaluate(self.model, self.tokenizer, rows, self.rewards,
                         max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens, temperature=temperature,
-                        seed=cfg.train.seed)
+                        seed=cfg.train.seed, timeout_s=cfg.reward.timeout_s, on_error=cfg.reward.reward_errors)
 
 
 def _records_of_path(path: str, cfg: Config):

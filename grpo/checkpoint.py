@@ -1,7 +1,7 @@
 """Checkpoints: `output_dir/checkpoint-<step>/` in Hugging Face format plus the trainer state.
 
 A checkpoint holds the policy (`save_pretrained` of the full model, or of the LoRA adapter only),
-the tokenizer, `optimizer.pt` (optimizer and scheduler state), `rng_state.pt` (python, numpy and
+the tokenizer, `optimizer.pt` (optimizer and scheduler state, and fp16's loss scale), `rng_state.pt` (python, numpy and
 torch generators and the prompt order, whose positions also key the sampling: grpo/rollout/keyed.py), `reference.safetensors` (only when
 the reference policy is refreshed during training), `trainer_state.json` (step, config) and, written
 last, `manifest.json`: the size and sha256 of every other file. :func:`verify_checkpoint` checks
@@ -295,8 +295,10 @@ def _write_files(tmp: Path, step: int, model, tokenizer, optimizer, scheduler, s
     fault_point("save", step)
     if optimizer is not None:
         with _writing(tmp / "optimizer.pt"):
+            scaler = getattr(optimizer, "grpo_loss_scaler", None)     # fp16: the loss scale and its growth count
             torch.save({"optimizer": optimizer.state_dict(),
-                        "scheduler": None if scheduler is None else scheduler.state_dict()}, tmp / "optimizer.pt")
+                        "scheduler": None if scheduler is None else scheduler.state_dict(),
+                        "loss_scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
     if rng is not None:
         with _writing(tmp / "rng_state.pt"):
             torch.save(rng, tmp / "rng_state.pt")

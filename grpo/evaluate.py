@@ -15,11 +15,12 @@ from grpo.rollout import sample
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[str, RewardFn]], *,
              max_new_tokens: int = 48, batch_size: int = 64, temperature: float = 0.0,
-             seed: int = 0) -> dict[str, float]:
+             seed: int = 0, timeout_s: float = 0.0, on_error: str = "raise") -> dict[str, float]:
     """Mean of each reward function over `rows` (e.g. {"accuracy": 0.41, "format": 0.99, ...}).
 
     temperature 0 = greedy decoding (the default), otherwise one sample per prompt, keyed by `seed` and the
-    row's index in `rows` (so it does not depend on `batch_size`).
+    row's index in `rows` (so it does not depend on `batch_size`). `timeout_s` and `on_error` bound and
+    contain the reward calls as in training (``reward.timeout_s``, ``reward.reward_errors``).
     """
     from grpo.experience import decode_completions, reward_columns  # the same decoding as in training
 
@@ -36,7 +37,7 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
                      prompt_index=torch.arange(start, start + len(chunk), device=device))   # [b] row keys
         texts = decode_completions(tokenizer, gen)           # rewards see them as in training
         scored = score(rewards, None, batch.prompts, chat_completions(batch.prompts, texts),
-                       reward_columns(batch.columns, gen))
+                       reward_columns(batch.columns, gen), on_error=on_error, timeout_s=timeout_s)
         for k, name in enumerate(scored.names):
             col = scored.per_function[:, k]
             ok = ~torch.isnan(col)

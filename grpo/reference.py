@@ -15,6 +15,7 @@ import copy
 import torch
 
 from grpo.logprobs import fixed_logprobs
+from grpo.precision import store_frozen_linears
 
 
 @torch.no_grad()
@@ -30,8 +31,10 @@ def mix_parameters(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float) 
 class FrozenCopy:
     """pi_ref = a frozen copy of the initial policy (full fine-tuning)."""
 
-    def __init__(self, policy: torch.nn.Module):
+    def __init__(self, policy: torch.nn.Module, storage_dtype: torch.dtype | None = None):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        if storage_dtype is not None:           # train.precision bf16/fp16: linears kept in autocast's dtype
+            store_frozen_linears(self.model, storage_dtype)
 
     def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0):
         """Shape: [N, P + T] -> [N, T]."""
@@ -59,10 +62,14 @@ class AdapterDisabled:
                          "the base model (adapters disabled)")
 
 
-def build_reference(policy: torch.nn.Module, beta: float):
-    """The reference for a policy: None when beta == 0, else AdapterDisabled (LoRA) or FrozenCopy."""
+def build_reference(policy: torch.nn.Module, beta: float, storage_dtype: torch.dtype | None = None):
+    """The reference for a policy: None when beta == 0, else AdapterDisabled (LoRA) or FrozenCopy.
+
+    `storage_dtype` (the autocast dtype of train.precision, for a reference that is never refreshed): the
+    copy's linear weights are stored in it (grpo.precision.store_frozen_linears), the values autocast
+    would compute with anyway, so the reference costs half the memory for them."""
     if beta <= 0:
         return None
     from grpo.lora import is_lora
 
-    return AdapterDisabled(policy) if is_lora(policy) else FrozenCopy(policy)
+    return AdapterDisabled(policy) if is_lora(policy) else FrozenCopy(policy, storage_dtype)

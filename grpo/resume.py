@@ -186,6 +186,10 @@ def restore(state: TrainState, ckpt: Checkpoint, cfg: Config) -> None:
     state.optimizer.load_state_dict(ckpt.optim["optimizer"])
     if ckpt.optim.get("scheduler") is not None:
         state.scheduler.load_state_dict(ckpt.optim["scheduler"])
+    if ckpt.optim.get("loss_scaler") and cfg.train.precision == "fp16":   # the scale goes on where it was
+        from grpo.precision import loss_scaler
+
+        loss_scaler(state.optimizer, next(state.model.parameters()).device).load_state_dict(ckpt.optim["loss_scaler"])
     apply_optimizer_settings(state.optimizer, state.scheduler, cfg, ckpt.trainer_state.get("config") or {})
     state.stream.load_state_dict(ckpt.rng["stream"])
     restore_rng(ckpt.rng)                 # sampling is keyed by (seed, stream position): nothing more to restore

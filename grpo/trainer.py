@@ -34,7 +34,7 @@ from grpo.data import PromptStream, load_prompts
 from grpo.experience import make_experience
 from grpo.guards import BadSteps, OutputDirLock, deterministic_mode, prepare_output_dir
 from grpo.metrics import step_metrics
-from grpo.precision import autocast
+from grpo.precision import autocast, autocast_dtype
 from grpo.reference import build_reference
 from grpo.resume import TrainState, announce_run, begin_run, check_resumable, find_checkpoint, restore
 from grpo.run_checks import check_run
@@ -108,7 +108,9 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
     cfg, model, tc = job.cfg, job.model, job.cfg.train
     prompt_set = load_prompts(cfg.data, tc.seed, job.tokenizer, records=job.records)   # rendered, tokenized once
     check_run(cfg, model, job.tokenizer, prompt_set.rows)       # vocabulary, positions, sampling: before any write
-    reference = build_reference(model, cfg.algorithm.beta)      # None when beta = 0
+    fixed_ref = not cfg.algorithm.ref_update_steps              # a refreshed reference keeps float32 masters
+    reference = build_reference(model, cfg.algorithm.beta,      # None when beta = 0
+                                autocast_dtype(tc.precision) if fixed_ref else None)
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations)
     state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
                        PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle))

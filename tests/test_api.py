@@ -205,6 +205,25 @@ def test_evaluate_on_rows_and_on_the_embedded_task(tmp_path):
     assert set(scores) == {"accuracy", "format", "completion_length"}
 
 
+def test_evaluate_bounds_rewards_by_the_configs_timeout(tmp_path):
+    """evaluate() calls the rewards as training does: reward.timeout_s bounds each call and
+    reward.reward_errors=zero scores a timed-out batch 0.0."""
+    import time
+
+    def slow(completions, **kw):
+        time.sleep(2.0)
+        return [1.0] * len(completions)
+
+    model, tok = micro()
+    cfg = tiny(tmp_path, **{"reward.timeout_s": 0.2})
+    trainer = grpo.Trainer(model, reward_funcs=[slow], train_dataset=ROWS, tokenizer=tok, config=cfg)
+    with pytest.raises(Exception, match=r"reward function 'slow' did not return within reward.timeout_s=0.2 s"):
+        trainer.evaluate(ROWS[:2], max_new_tokens=2)
+    trainer = grpo.Trainer(model, reward_funcs=[slow], train_dataset=ROWS, tokenizer=tok,
+                           config={**cfg, "reward.reward_errors": "zero"})
+    assert trainer.evaluate(ROWS[:2], max_new_tokens=2)["slow"] == 0.0
+
+
 def test_dataset_forms(tmp_path):
     from grpo.datasets_io import DataError
     from grpo.inputs import resolve_dataset

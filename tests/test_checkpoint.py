@@ -27,7 +27,7 @@ def test_checkpoint_is_hf_format_with_trainer_state(tmp_path):
     loaded, _ = load_policy(path)
     assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
     state = torch.load(path / "optimizer.pt", weights_only=False)
-    assert set(state) == {"optimizer", "scheduler"}
+    assert set(state) == {"optimizer", "scheduler", "loss_scaler"} and state["loss_scaler"] is None   # fp32: no scaler
     assert not list(tmp_path.glob(".checkpoint-*"))                      # no temporary left behind
 
 

@@ -156,6 +156,49 @@ def test_frozen_linears_are_cast_once_with_autocast_values():
         assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
+def test_reference_stores_linears_in_the_autocast_dtype_with_the_same_logprobs():
+    """train.precision bf16 with a fixed reference: its linear weights are stored in bfloat16 for good
+    (half their bytes), and its log-probs under autocast equal those of a float32 copy cast per pass."""
+    from grpo.reference import FrozenCopy, build_reference
+
+    model, tok = micro_policy()
+    batch = rollout_batch(model, tok)
+    T = batch.completion_length
+    stored, plain = build_reference(model, 0.04, torch.bfloat16), FrozenCopy(model)
+    bytes_ = {name: sum(p.numel() * p.element_size() for p in ref.model.parameters())
+              for name, ref in (("stored", stored), ("plain", plain))}
+    linear = sum(p.numel() for m in plain.model.modules() if isinstance(m, torch.nn.Linear)
+                 and m is not plain.model.lm_head for p in m.parameters())            # weights and biases
+    head = plain.model.lm_head.weight.numel()
+    assert bytes_["stored"] == bytes_["plain"] - 2 * linear + 2 * head      # linears halved, head's own copy
+    assert stored.model.model.layers[0].self_attn.q_proj.weight.dtype is torch.bfloat16
+    assert stored.model.model.embed_tokens.weight.dtype is torch.float32
+    assert stored.model.lm_head.weight is not stored.model.model.embed_tokens.weight
+    with autocast(CPU, "bf16"):
+        a = stored.logprobs(batch.input_ids, batch.attention_mask, T, 1.0)
+        b = plain.logprobs(batch.input_ids, batch.attention_mask, T, 1.0)
+    assert torch.equal(a, b)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}        # the policy is untouched
+
+
+def test_trainer_keeps_a_refreshed_reference_in_float32(tmp_path):
+    """The trainer stores the reference in bf16 only when it never changes (ref_update_steps = 0): mixing
+    into bfloat16 weights would lose small updates to rounding."""
+    from grpo.api import Trainer
+    from grpo.trainer import Job, initial_state
+
+    model_dir, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
+    dtypes = {}
+    for steps in (0, 2):
+        cfg = tiny_config(model_dir, reward, tmp_path / f"out{steps}", **{"train.precision": "bf16",
+                                                                         "algorithm.ref_update_steps": steps})
+        t = Trainer(config=cfg)
+        state, _ = initial_state(Job(t.config, t.model, t.tokenizer, t.records, t.rewards, t.step_rewards,
+                                     t.runtime, t.callbacks))
+        dtypes[steps] = state.reference.model.lm_head.weight.dtype
+    assert dtypes == {0: torch.bfloat16, 2: torch.float32}
+
+
 def test_trainable_casts_give_autocast_values_and_gradients():
     """The update's casts of trainable oneDNN-linear weights (made once, a new autograd node at each use)
     give autocast's own log-probs bit for bit, and its gradients up to the order of accumulation: a weight
@@ -233,3 +276,32 @@ def test_bfloat16_weights_train_in_bfloat16(tmp_path, precision):
     result = run_in_process(tiny_config(model_dir, reward, out, **over))
     assert {p.dtype for p in result.model.parameters()} == {torch.bfloat16}
     assert all(r["loss/total"] == r["loss/total"] for r in records(out))     # finite, not nan
+
+
+def test_fp16_loss_scale_is_checkpointed_and_restored(tmp_path):
+    """The fp16 loss scaler's state goes into optimizer.pt and a resumed run starts from it."""
+    from grpo.precision import loss_scaler
+
+    model_dir, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
+    out = tmp_path / "run"
+    flat = tiny_config(model_dir, reward, out, **{"train.precision": "fp16", "train.max_steps": 2,
+                                                  "train.save_steps": 2})
+    assert run_in_process(flat).steps == 2
+    saved = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=True)["loss_scaler"]
+    assert saved["scale"] > 0 and saved["_growth_tracker"] == 2               # two clean steps counted
+    from grpo.api import Trainer
+    from grpo.checkpoint import write_manifest
+    from grpo.resume import find_checkpoint, restore
+    from grpo.trainer import Job, initial_state
+
+    state = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=True)
+    state["loss_scaler"]["scale"], state["loss_scaler"]["_growth_tracker"] = 1024.0, 7
+    torch.save(state, out / "checkpoint-2" / "optimizer.pt")
+    write_manifest(out / "checkpoint-2", 2)                                 # a scale no fresh run has
+
+    t = Trainer(config={**flat, "train.max_steps": 3, "train.resume": "auto"})
+    st, _ = initial_state(Job(t.config, t.model, t.tokenizer, t.records, t.rewards, t.step_rewards, t.runtime,
+                              t.callbacks))
+    restore(st, find_checkpoint(t.config), t.config)
+    restored = loss_scaler(st.optimizer, CPU)
+    assert restored.get_scale() == 1024.0 and restored._get_growth_tracker() == 7

@@ -143,3 +143,13 @@ def test_reward_model_errors(tmp_path):
     _, fn = load_reward(str(no_template))
     with pytest.raises(RewardError, match="chat template"):
         fn(CHAT_PROMPTS[:1], ["3"])
+
+
+def test_scores_ignore_the_policys_autocast(tmp_path):
+    """Under the trainer's bf16 autocast (train.precision) a float32 reward model still scores in float32."""
+    directory = save_rm(tmp_path / "rm")
+    _, fn = load_reward_model(directory)
+    plain = fn(TEXT_PROMPTS, COMPLETIONS)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        assert fn(TEXT_PROMPTS, COMPLETIONS) == plain
+        assert torch.is_autocast_enabled("cpu")                       # restored for the policy's passes

@@ -31,7 +31,7 @@ def test_beta_zero_has_no_reference_and_mu_two_reuses_the_batch(tmp_path, monkey
 
     copies, batches = [], []
     real_build = trainer_module.build_reference
-    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta: copies.append(real_build(m, beta)) or copies[-1])
+    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta, dt=None: copies.append(real_build(m, beta, dt)) or copies[-1])
     real_update = trainer_module.policy_update
     monkeypatch.setattr(trainer_module, "policy_update", lambda m, o, s, batch, *a, **k: batches.append(batch)
                         or real_update(m, o, s, batch, *a, **k))
@@ -93,7 +93,7 @@ def test_reference_refresh_follows_the_policy(tmp_path, monkeypatch):
 
     refs = []
     real_build = trainer_module.build_reference
-    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta: refs.append(real_build(m, beta)) or refs[-1])
+    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta, dt=None: refs.append(real_build(m, beta, dt)) or refs[-1])
     _, result, _ = run(tmp_path, digits_reward_file(tmp_path), **{"algorithm.ref_update_steps": 2,
                                                                    "algorithm.ref_mix_alpha": 1.0})
     # refreshed after step 2 (the last): the reference now equals the trained policy

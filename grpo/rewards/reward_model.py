@@ -12,7 +12,8 @@ Inputs longer than the reward model's maximum length are truncated on the LEFT: 
 completion, where a causal classifier reads its score (the last non-pad token), is always kept and
 the start of the prompt is dropped.  Batches are right-padded; with a causal model the real tokens
 never see the padding, and the classifier head picks each row's last non-pad token, so a batched
-score equals the one-at-a-time score.  Scoring runs in eval mode under ``torch.no_grad()``.
+score equals the one-at-a-time score.  Scoring runs in eval mode under ``torch.no_grad()``, in the reward
+model's own dtype (``reward.model_dtype``): the policy's ``train.precision`` autocast is paused around it.
 """
 
 from __future__ import annotations
@@ -93,9 +94,11 @@ class RewardModel:
     def score_texts(self, texts: list[str], add_special_tokens: bool = True) -> list[float]:
         """One float per text: the single logit, ``batch_size`` texts per forward pass."""
         scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            logits = self.model(**self.encode(texts[start:start + self.batch_size], add_special_tokens)).logits
-            scores.extend(logits[:, 0].float().tolist())                                  # [n]
+        device = next(self.model.parameters()).device
+        with torch.autocast(device_type=device.type, enabled=False):  # its own dtype, not train.precision's
+            for start in range(0, len(texts), self.batch_size):
+                logits = self.model(**self.encode(texts[start:start + self.batch_size], add_special_tokens)).logits
+                scores.extend(logits[:, 0].float().tolist())                              # [n]
         return scores
 
     def __call__(self, prompts: list, completions: list, **columns) -> list[float]:
