@@ -30,7 +30,7 @@ def wide_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
     """
     from tokenizers import AddedToken
 
-    from grpo.models import build_tokenizer
+    from grpo.modeling.models import build_tokenizer
 
     tok = build_tokenizer(model_max_length=4096)
     tok.add_tokens([AddedToken(f"<w{i}>", normalized=False) for i in range(vocab_size - len(tok))])
@@ -101,12 +101,12 @@ def median(values: list[float]) -> float:
 
 def matmul_peak_flops(threads: int, n: int = 2048, repeats: int = 7) -> float:
     """This machine's float32 matrix-multiply rate (FLOP/s) at `threads` threads: the better of
-    PyTorch's default GEMM (MKL) and oneDNN's (grpo.kernels), each the median of `repeats` products
+    PyTorch's default GEMM (MKL) and oneDNN's (grpo.modeling.cpu_kernels), each the median of `repeats` products
     of two [n, n] matrices (2 n^3 FLOPs each) after one warm-up. On AMD CPUs oneDNN's AVX-512 GEMM
     is ~2x MKL's, so the peak is the oneDNN rate there."""
     import time
 
-    from grpo.kernels import _dnn, onednn_works
+    from grpo.modeling.cpu_kernels import _dnn, onednn_works
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -163,7 +163,7 @@ def arithmetic_rows(n: int, tokenizer=None, seed: int = 0) -> list[dict[str, Any
     """`n` prompt rows of the embedded arithmetic task (train split), tokenized when a tokenizer is
     given, exactly as the trainer's data pipeline builds them."""
     from grpo.config import build_config
-    from grpo.data import load_prompt_rows
+    from grpo.data.prompts import load_prompt_rows
 
     cfg = build_config(overrides={"data.num_train_prompts": n})
     return load_prompt_rows(cfg.data, seed, tokenizer)[:n]

@@ -25,7 +25,7 @@ from bench.common import build_bench_model, count_params, print_table, write_res
 
 CHILD = """
 import json, resource, sys
-from grpo.cli import main
+from grpo.cli.main import main
 code = main(sys.argv[1:])
 print("PEAK_RSS_MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, flush=True)
 sys.exit(code)

@@ -33,7 +33,7 @@ STAGES = ("rollout_s", "experience_s", "update_s", "step_s")
 CHILD = r"""
 import json, resource, sys
 from grpo.config import build_config
-from grpo.trainer import train
+from grpo.api.trainer import train
 spec = json.loads(sys.argv[1])
 cfg = build_config(overrides={
     "model.path": spec["model"], "data.dataset": spec["data"], "data.shuffle": False,

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RESULTS, print_table, write_results  # noqa: E402
-from grpo.presets import PRESETS  # noqa: E402
+from grpo.config.presets import PRESETS  # noqa: E402
 
 
 def run_preset(name: str, steps: int, eval_problems: int, out: Path) -> dict:

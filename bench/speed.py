@@ -3,7 +3,7 @@
     .venv/bin/python bench/speed.py [--configs embedded,qwen2-100m] [--steps 5]
 
 Two configurations, each in a fresh process (so peak memory is its own):
-* embedded: the shipped arithmetic policy (grpo.models.EMBEDDED_MODEL_DIR) with the demo settings:
+* embedded: the shipped arithmetic policy (grpo.modeling.models.EMBEDDED_MODEL_DIR) with the demo settings:
   G = 8, 16 prompts per step, 40 new tokens, 1 thread (the demo's `train.num_threads`).
 * qwen2-100m: a randomly initialised ~100M Qwen2 with a 32k vocabulary (bench/common.py),
   G = 8, 2 prompts per step, 64-token completions, 2 threads.
@@ -46,7 +46,7 @@ MODELS_DIR = Path(tempfile.gettempdir()) / "grpo-bench-models"
 
 
 def model_dir(name: str) -> Path:
-    from grpo.models import EMBEDDED_MODEL_DIR
+    from grpo.modeling.models import EMBEDDED_MODEL_DIR
 
     return EMBEDDED_MODEL_DIR if name == "embedded" else build_bench_model(name, MODELS_DIR)
 
@@ -62,7 +62,7 @@ def forward_flops(model, mask: torch.Tensor, T: int, backward: bool) -> float:
 
     Shape: mask [N, P + T]
     """
-    from grpo.logprobs import trim_padding
+    from grpo.modeling.logprobs import trim_padding
 
     cfg = model.config
     _, m, kept = trim_padding(mask, mask, T)
@@ -80,7 +80,7 @@ def rollout_pair(model, tok, batch, G: int, new_tokens: int, seed: int, fixed_le
     `fixed_length` removes EOS from ours and sets min_new_tokens for generate, so both produce
     exactly G * B * new_tokens tokens.
     """
-    from grpo.kernels import use_cpu_matmul
+    from grpo.modeling.cpu_kernels import use_cpu_matmul
     from grpo.rollout import sample
 
     eos = -1 if fixed_length else tok.eos_token_id
@@ -106,12 +106,12 @@ def rollout_pair(model, tok, batch, G: int, new_tokens: int, seed: int, fixed_le
 def run_config(name: str, steps: int) -> dict:
     """All measurements of one configuration (run in its own process)."""
     from grpo.config import AlgorithmConfig, OptimConfig
-    from grpo.data import tokenize_prompts
-    from grpo.logprobs import completion_logprobs, fixed_logprobs
-    from grpo.models import load_policy
+    from grpo.data.prompts import tokenize_prompts
+    from grpo.modeling.logprobs import completion_logprobs, fixed_logprobs
+    from grpo.modeling.models import load_policy
     from grpo.types import TrainBatch
-    from grpo.kernels import use_cpu_matmul
-    from grpo.update import auto_micro_batch_tokens, bucketed_micro_batches, build_optimizer, policy_update
+    from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.training.update import auto_micro_batch_tokens, bucketed_micro_batches, build_optimizer, policy_update
 
     c = CONFIGS[name]
     torch.set_num_threads(c["threads"])
@@ -192,8 +192,8 @@ def run_config(name: str, steps: int) -> dict:
 def logits_memory(name: str, chunked: bool, rows: int, T: int, P: int = 24) -> dict:
     """Peak RSS increase (MiB) of one forward + backward over [rows, P + T] through the chunked
     LM head or the full-logits path (run in its own process)."""
-    from grpo.logprobs import chunked_path, logits_path, split_model
-    from grpo.models import load_policy
+    from grpo.modeling.logprobs import chunked_path, logits_path, split_model
+    from grpo.modeling.models import load_policy
 
     torch.set_num_threads(2)
     model, tok = load_policy(str(model_dir(name)))

@@ -39,7 +39,7 @@ OURS = r"""
 import json, resource, sys, time
 import torch
 from grpo.config import build_config
-from grpo.trainer import train
+from grpo.api.trainer import train
 spec = json.loads(sys.argv[1])
 cfg = build_config(overrides={
     "model.path": spec["model"], "data.dataset": spec["data"], "data.shuffle": False,

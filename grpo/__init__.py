@@ -10,15 +10,19 @@ Names are imported on first use, so ``import grpo`` (and the command line's star
 
 __version__ = "0.1.0"
 
+from grpo import _compat
+
+_compat.install()                 # the flat layout's module paths forward here for one release
+
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "Trainer": "grpo.api",
-    "Callback": "grpo.callbacks",
+    "Trainer": "grpo.api.trainer",
+    "Callback": "grpo.training.callbacks",
     "Config": "grpo.config",
     "ConfigError": "grpo.config",
     "build_config": "grpo.config",
-    "TrainResult": "grpo.trainer",
-    "evaluate": "grpo.evaluate",
+    "TrainResult": "grpo.training.loop",
+    "evaluate": "grpo.training.evaluate",
     "load_reward": "grpo.rewards",
 }
 

@@ -1,5 +1,5 @@
 import sys
 
-from grpo.cli import main
+from grpo.cli.main import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""One rank of tests/test_distributed.py, launched by `python -m torch.distributed.run --nproc-per-node 2`.
+"""One rank of tests/training/test_distributed.py, launched by `python -m torch.distributed.run --nproc-per-node 2`.
 
     dist_worker.py MODE WORK MODEL_DIR REWARD          (parts 1 and 2)
     dist_worker.py MODE WORK MODEL_DIR REWARD same     (part 3; a launch of its own: a process group
@@ -11,7 +11,7 @@
    WORK/rank<rank>.pt.
 3. A 3-step run with plain SGD (:data:`SAME_AS_ONE`) into WORK/same: every completion this rank samples,
    by global prompt index (:func:`recording_draws`), goes to WORK/draws-<rank>.json and the final
-   parameters to WORK/same-rank<rank>.pt; tests/test_distributed.py compares them with one process.
+   parameters to WORK/same-rank<rank>.pt; tests/training/test_distributed.py compares them with one process.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grpo import distributed  # noqa: E402
+from grpo.training import distributed  # noqa: E402
 from grpo.config import build_config  # noqa: E402
-from grpo.models import load_policy  # noqa: E402
-from grpo.trainer import train  # noqa: E402
+from grpo.modeling.models import load_policy  # noqa: E402
+from grpo.api.trainer import train  # noqa: E402
 from grpo.types import TrainBatch  # noqa: E402
-from grpo.update import build_optimizer, policy_update  # noqa: E402
+from grpo.training.update import build_optimizer, policy_update  # noqa: E402
 from tests.run_helpers import tiny_config  # noqa: E402
 
 
@@ -91,17 +91,17 @@ SAME_AS_ONE = {"train.max_steps": 3, "train.save_steps": 0, "train.prompts_per_s
 
 
 def plain_sgd(model, cfg, total_steps):
-    """grpo.update.build_optimizer's stand-in: SGD at optim.lr, constant (Adam's sign-like first step would
+    """grpo.training.update.build_optimizer's stand-in: SGD at optim.lr, constant (Adam's sign-like first step would
     turn float rounding of near-zero gradients into differences of lr)."""
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
 def recording_draws(draw, log: dict):
-    """Wrap grpo.experience.draw_groups: log[global prompt index] = the G completions' ids and total rewards."""
+    """Wrap grpo.training.experience.draw_groups: log[global prompt index] = the G completions' ids and total rewards."""
 
     def draw_and_record(model, tokenizer, rows, rewards, cfg, index, device):
-        from grpo.experience import completion_id_lists
+        from grpo.training.experience import completion_id_lists
 
         groups = draw(model, tokenizer, rows, rewards, cfg, index, device)
         ids, G = completion_id_lists(groups.gen), cfg.rollout.num_generations
@@ -114,13 +114,13 @@ def recording_draws(draw, log: dict):
 
 def same_as_one(mode: str, model_dir: str, reward: str, work: Path) -> None:
     """Part 3 of the module docstring."""
-    import grpo.experience
-    import grpo.trainer
-    import grpo.update
+    import grpo.training.experience
+    import grpo.training.loop
+    import grpo.training.update
 
     log: dict = {}
-    grpo.experience.draw_groups = recording_draws(grpo.experience.draw_groups, log)
-    grpo.trainer.build_optimizer = grpo.update.build_optimizer = plain_sgd   # FSDP2 rebuilds it from grpo.update
+    grpo.training.experience.draw_groups = recording_draws(grpo.training.experience.draw_groups, log)
+    grpo.training.loop.build_optimizer = grpo.training.update.build_optimizer = plain_sgd   # FSDP2 rebuilds it from grpo.training.update
     flat = tiny_config(Path(model_dir), reward, work / "same", **{**SAME_AS_ONE, "train.parallel": mode})
     result = train(build_config(overrides=flat))
     rank = int(os.environ["RANK"])                                    # the process group is gone after train()

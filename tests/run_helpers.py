@@ -14,7 +14,8 @@ import yaml
 from safetensors.torch import load_file
 
 from grpo.config import build_config
-from grpo.trainer import TrainResult, train
+from grpo.api.trainer import train
+from grpo.training.loop import TrainResult
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Metrics that measure wall-clock speed: the only values allowed to differ between equal runs.
@@ -22,9 +23,9 @@ TIMING_PREFIXES = ("time/", "rollout/tokens_per_s")
 
 
 def make_micro_dir(directory: Path, size: str = "micro") -> Path:
-    """The micro model (or another `grpo.models.MODEL_SIZES` entry) and its tokenizer saved as a
+    """The micro model (or another `grpo.modeling.models.MODEL_SIZES` entry) and its tokenizer saved as a
     Hugging Face directory."""
-    from grpo.models import build_model, build_tokenizer
+    from grpo.modeling.models import build_model, build_tokenizer
 
     tok = build_tokenizer()
     build_model(tok, size, seed=0).save_pretrained(directory)

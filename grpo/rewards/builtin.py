@@ -4,7 +4,7 @@ Every built-in takes ``prompts`` and ``completions`` (strings or lists of chat m
 through grpo/rewards/text.py ``as_text``) and ignores the columns it does not use (``**_``).
 
 =====================  ==========================================================================
-accuracy, format       the embedded arithmetic task (integer ``<answer>``; its strict format)
+accuracy, format       the embedded arithmetic task: integer ``<answer>``; the think/answer format (empty reasoning allowed)
 math_accuracy          final answer (``<answer>`` / last ``\\boxed{}``) vs ``answer``/``solution``, math-verify
 think_format           strict ``<think>…</think><answer>…</answer>`` -> 1.0 / 0.0
 tag_count              0.25 per well-placed ``<think>``, ``</think>``, ``<answer>``, ``</answer>``
@@ -25,20 +25,19 @@ from grpo.rewards.language import language_consistency, make_language_consistenc
 from grpo.rewards.math_answer import math_accuracy
 from grpo.rewards.shaping import (cosine_length, make_cosine_length, make_repetition_penalty, make_soft_overlong,
                                   repetition_penalty, soft_overlong)
-from grpo.rewards.text import as_text, tag_count, think_format
-from grpo.tasks.arithmetic import format_ok, is_correct
+from grpo.rewards.text import as_text, integer_answer_correct, tag_count, think_answer_parts, think_format
 
 
 def accuracy_reward(prompts: list, completions: list[str], answer: list | None = None, **_: object) -> list[float | None]:
     """1.0 when the `<answer>` equals the reference `answer` column, else 0.0 (None without one)."""
     if answer is None:
         return [None] * len(completions)
-    return [None if a is None else float(is_correct(as_text(c), str(a))) for c, a in zip(completions, answer)]
+    return [None if a is None else float(integer_answer_correct(as_text(c), str(a))) for c, a in zip(completions, answer)]
 
 
 def format_reward(prompts: list, completions: list[str], **_: object) -> list[float | None]:
     """1.0 for a strict `<think>...</think><answer>...</answer>` completion, else 0.0."""
-    return [float(format_ok(as_text(c))) for c in completions]
+    return [float(think_answer_parts(as_text(c)) is not None) for c in completions]
 
 
 def code_execution(prompts: list, completions: list, **columns: object) -> list:

@@ -12,13 +12,12 @@ import re
 import threading
 from typing import Any
 
-from grpo.rewards.text import ANSWER_CLOSE, ANSWER_OPEN, as_text
+from grpo.rewards.text import answer_block, as_text
 
 #: Seconds math-verify may spend parsing one answer, or comparing two (main thread only).
 MATH_VERIFY_TIMEOUT = 5
 
 _BOXED_RE = re.compile(r"\\boxed\s*\{")
-_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 
 
 def balanced_end(text: str, start: int) -> int | None:
@@ -50,9 +49,8 @@ def extract_boxed(text: str) -> str | None:
 
 def extract_answer_tag(text: str) -> str | None:
     """Stripped content of the last closed ``<answer>…</answer>`` block; None when there is none or
-    it is empty."""
-    blocks = _ANSWER_RE.findall(text)
-    return (blocks[-1].strip() or None) if blocks else None
+    it is empty (grpo.rewards.text.answer_block)."""
+    return answer_block(text) or None
 
 
 def final_answer(completion: Any) -> str | None:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from grpo.models import load_tokenizer, resolve_dtype
+from grpo.modeling.models import load_tokenizer, resolve_dtype
 from grpo.rewards.text import as_text
 
 #: Texts scored per forward pass.

@@ -17,7 +17,7 @@ import torch
 from grpo.rewards.math_answer import math_correct, references
 from grpo.rewards.scoring import RewardError
 from grpo.rewards.text import as_text
-from grpo.shaping import soft_overlong_penalty
+from grpo.algorithms.shaping import soft_overlong_penalty
 
 
 def completion_lengths(completions: list, completion_ids: list | None = None) -> list[int]:
@@ -93,7 +93,7 @@ def make_repetition_penalty(ngram_size: int = 3, max_penalty: float = -1.0):
 
 
 def make_soft_overlong(max_len: int = 1000, cache: int = 200, factor: float = 1.0):
-    """A soft_overlong reward with L_max = max_len and L_cache = cache (grpo.shaping's penalty)."""
+    """A soft_overlong reward with L_max = max_len and L_cache = cache (grpo.algorithms.shaping's penalty)."""
     if not 0 <= cache <= max_len:
         raise RewardError(f"soft_overlong: need 0 <= cache <= max_len, got cache={cache}, max_len={max_len}")
 

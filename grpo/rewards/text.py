@@ -1,6 +1,9 @@
-"""Format rewards for `<think>…</think><answer>…</answer>` completions, and text helpers.
+"""Format rewards for `<think>…</think><answer>…</answer>` completions, the one parser of that format,
+and text helpers.
 
 Tags are matched exactly: lower case, no attributes, no spaces inside the angle brackets.
+:func:`think_answer_parts` is the only parser of the format (the embedded task's `format` and
+`accuracy`, and `think_format`, all use it); :func:`answer_block` the only extractor of the answer.
 """
 
 from __future__ import annotations
@@ -16,6 +19,41 @@ TAG_CREDIT = 0.25
 
 _THINK_FORMAT_RE = re.compile(
     r"\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>(?:\s*<\|[^<>|]*\|>)*\s*", re.DOTALL)
+_ANSWER_BLOCK_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_INT_RE = re.compile(r"[+-]?\d+")
+
+
+def think_answer_parts(completion: str) -> tuple[str, str] | None:
+    """``(reasoning, answer)`` of a completion that is exactly ``<think>R</think><answer>A</answer>``, else None.
+
+    Rules: whitespace is allowed before, between and after the two blocks, and trailing special tokens
+    (``<|endoftext|>``, ``<|im_end|>``, any ``<|...|>``) after them; nothing else may stand outside the
+    blocks; neither part may contain any of the four tags (a repeated or nested tag is malformed). The
+    parts are returned as written (not stripped); they may be empty."""
+    match = _THINK_FORMAT_RE.fullmatch(completion)
+    if match is None:
+        return None
+    parts = (match["think"], match["answer"])
+    return None if any(tag in p for p in parts for tag in TAGS) else parts
+
+
+def answer_block(text: str) -> str | None:
+    """The stripped content of the last closed ``<answer>…</answer>`` block ("" when it is empty), or None."""
+    blocks = _ANSWER_BLOCK_RE.findall(text)
+    return blocks[-1].strip() if blocks else None
+
+
+def parse_int(text: str | None) -> int | None:
+    """An optionally signed decimal integer (surrounding whitespace allowed); anything else gives None."""
+    if text is None or not _INT_RE.fullmatch(text.strip()):
+        return None
+    return int(text.strip())
+
+
+def integer_answer_correct(completion: str, answer: str | int) -> bool:
+    """True iff the last ``<answer>`` block holds an integer equal to `answer` (the embedded task's accuracy)."""
+    got, want = parse_int(answer_block(completion)), parse_int(str(answer))
+    return got is not None and want is not None and got == want
 
 
 def as_text(completion: Any) -> str:
@@ -60,12 +98,9 @@ def reasoning_text(completion: str) -> str:
 
 
 def is_think_format(completion: str) -> bool:
-    """Strict ``<think>R</think><answer>A</answer>``; see :func:`think_format` for the policy."""
-    match = _THINK_FORMAT_RE.fullmatch(completion)
-    if match is None:
-        return False
-    parts = (match["think"], match["answer"])
-    return all(p.strip() for p in parts) and not any(tag in p for p in parts for tag in TAGS)
+    """:func:`think_answer_parts` with non-blank reasoning and answer; see :func:`think_format`."""
+    parts = think_answer_parts(completion)
+    return parts is not None and all(p.strip() for p in parts)
 
 
 def think_format(prompts: list, completions: list, **_: object) -> list[float]:

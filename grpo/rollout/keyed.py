@@ -1,7 +1,7 @@
 """Counter-based sampling randomness: every uniform is a pure function of its keys.
 
 The uniform that draws token ``t`` of sample ``g`` of the prompt at global position ``p`` (its draw
-position in the run's prompt order, grpo.data.PromptStream.position) is
+position in the run's prompt order, grpo.data.prompts.PromptStream.position) is
 
     u(seed, p, g, t) = unit(mix(key(seed, p, g) + (t + 1) * GAMMA)),
     key(seed, p, g)  = mix(mix(mix(seed) + (p + 1) * GAMMA) + (g + 1) * GAMMA)
@@ -13,7 +13,7 @@ Nothing depends on which other rows are in the batch, in which order, on which r
 have already finished, so a prompt samples the same completions in a batch of 64 on one process as
 in a batch of 8 on rank 5 of 8. All arithmetic is on int64 tensors on the rows' device and wraps
 modulo 2**64 (two's complement), which torch's integer kernels do on CPU and CUDA alike;
-``tests/test_keyed.py`` checks the values against a pure-Python reference.
+``tests/rollout/test_keyed.py`` checks the values against a pure-Python reference.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The prompts of a batch are prefilled once; their last-position logits are repeat
 the batch dimension (``repeat_interleave``), so row ``i * G + g`` holds sample ``g`` of prompt ``i``.
 Decoding feeds one token per step and drops finished rows from the batch (and from the cache), so
 the cost of a step only depends on the rows still running. Llama-family models decode through the
-lean decoder of :mod:`grpo.rollout.decoder` (prompt keys/values kept once per prompt, a static cache
+lean decoder of :mod:`grpo.modeling.decoder` (prompt keys/values kept once per prompt, a static cache
 for the new tokens, no per-step Hugging Face overhead); other models run their own forward on the
 prompts' ``DynamicCache`` repeated G times.
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grpo.precision import cast_frozen_linears
-from grpo.rollout.decoder import LeanDecoder, StaticCache, lean_decoder
+from grpo.modeling.precision import cast_frozen_linears
+from grpo.modeling.decoder import LeanDecoder, StaticCache, lean_decoder, positions_from_mask
 from grpo.rollout.keyed import row_keys, token_uniforms
 
 #: Decode steps whose uniforms are computed at once (one hash of [n, 32] instead of 32 hashes of [n]).
@@ -121,15 +121,6 @@ def choose_tokens(
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [n], [n]
 
 
-def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids under left padding: index among the real tokens, 0 on padding.
-
-    Shape:
-        mask: [n, L] -> [n, L] long
-    """
-    return (mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [n, L]
-
-
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     """1 up to and including the first EOS of each row, 0 after (works when pad == EOS).
 
@@ -214,7 +205,7 @@ class HFDecoding:
 
 @dataclass
 class LeanDecoding:
-    """Decode steps through :class:`~grpo.rollout.decoder.LeanDecoder` on its static KV cache."""
+    """Decode steps through :class:`~grpo.modeling.decoder.LeanDecoder` on its static KV cache."""
 
     decoder: LeanDecoder
     cache: StaticCache
@@ -232,7 +223,7 @@ def prefill_shared(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n
                    max_new_tokens: int, lean: bool = True) -> tuple[torch.Tensor, HFDecoding | LeanDecoding]:
     """Run the B prompts once and set up decoding of G samples each (row i*G+g).
 
-    The lean decoder is used when ``lean`` and :func:`~grpo.rollout.decoder.lean_decoder` supports
+    The lean decoder is used when ``lean`` and :func:`~grpo.modeling.decoder.lean_decoder` supports
     the model, else the model's own forward with its ``DynamicCache``.
 
     Shape:
@@ -273,7 +264,7 @@ def sample(
 
     The model is put in eval mode while sampling and its training flag is restored afterwards.
     ``lean=False`` forces the model's own forward for decoding (the reference the lean decoder of
-    :mod:`grpo.rollout.decoder` is tested against); tokens are the same either way.
+    :mod:`grpo.modeling.decoder` is tested against); tokens are the same either way.
 
     Shape:
         prompt_ids, prompt_mask: [B, P], prompt_index: [B] long -> Generation with N = B * num_generations rows

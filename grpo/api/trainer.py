@@ -1,0 +1,136 @@
+"""The Python API: ``grpo.Trainer``. The command line is a thin layer over it (one path, not two).
+
+    import grpo
+
+    def accuracy(completions, solution, **kwargs):         # TRL's reward signature, called by keyword
+        return [float(c.strip() == s) for c, s in zip(completions, solution)]
+
+    trainer = grpo.Trainer("./my-model", reward_funcs=[accuracy, ("format", 0.5)],
+                           train_dataset=[{"prompt": "2+2=", "solution": "4"}, ...],
+                           config={"learning_rate": 1e-6, "num_generations": 8, "max_steps": 100})
+    result = trainer.train()                               # model, steps, output_dir, checkpoint, metrics
+    trainer.evaluate(eval_rows)                            # {"accuracy": ..., "format": ..., ...}
+
+See docs/python-api.md for every argument; grpo/api/inputs.py turns them into the loop's objects.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from grpo.training.callbacks import CallbackList
+from grpo.config import Config
+from grpo.api.inputs import resolve_config, resolve_dataset, resolve_model, resolve_rewards
+from grpo.training.runtime import build_runtime
+
+
+class Trainer:
+    """GRPO on a model, a prompt dataset and reward functions (the argument order of TRL's GRPOTrainer).
+
+    Args:
+        model: a local Hugging Face model directory, a loaded ``PreTrainedModel`` or a peft model (None:
+            ``model.path`` of the config, or the embedded base policy). ``model.dtype``, ``lora.*``,
+            ``model.attn_implementation`` and ``model.device`` apply to it.
+        reward_funcs: a list of callables (``fn(prompts=, completions=, completion_ids=, **columns)``,
+            sync or async), built-in names (``"accuracy"``, ``"cosine_length:max_len=512"``),
+            ``"file.py:function"``, reward-model directories, ``(fn, weight)``, ``(name, fn)`` or
+            ``(name, fn, weight)`` tuples. Metrics are named after ``__name__`` or the given name.
+            None: ``reward.functions`` of the config.
+        config: a :class:`grpo.config.Config`, a YAML path, or a dict of sections, ``section.key`` keys
+            and/or TRL GRPOConfig keys (``learning_rate``, ``num_generations``, ``beta``, ...).
+            ``args=`` is accepted as an alias (TRL's name).
+        train_dataset / eval_dataset: a dataset path, a ``datasets.Dataset`` (or ``DatasetDict``:
+            ``data.split``), a list of dicts or a dict of columns; a ``prompt`` column (string or chat
+            messages), other columns reach the rewards by name. None: ``data.dataset``, or the embedded task.
+        tokenizer: the tokenizer (or its directory); default: saved beside the model.
+            ``processing_class=`` is accepted as an alias (TRL's name).
+        callbacks: objects with ``on_step_end(step, metrics)``, ``on_checkpoint(path)``,
+            ``on_train_end(result)`` (see grpo/training/callbacks.py); ``on_step_end`` returning True stops the run.
+    """
+
+    def __init__(self, model: Any = None, reward_funcs: Any = None, config: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, tokenizer: Any = None, callbacks: list | None = None, *,
+                 args: Any = None, processing_class: Any = None):
+        if args is not None and config is not None:
+            raise TypeError("give config= or its alias args=, not both")
+        if processing_class is not None and tokenizer is not None:
+            raise TypeError("give tokenizer= or its alias processing_class=, not both")
+        config, tokenizer = config if args is None else args, tokenizer if processing_class is None else processing_class
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        cfg = resolve_config(config, world_size=world)
+        self.records, dataset_path = resolve_dataset(train_dataset, cfg.data.split)
+        overrides = {"data.dataset": dataset_path} if dataset_path else {}
+        if isinstance(model, (str, os.PathLike)):
+            overrides["model.path"] = str(model)
+        cfg = resolve_config(cfg, overrides)
+        rewards, weights = resolve_rewards(reward_funcs, cfg)
+        if reward_funcs is not None:       # config.yaml records the functions by name
+            cfg = resolve_config(cfg, {"reward.functions": [n for n, _ in rewards], "reward.weights": weights})
+        self.config: Config = cfg
+        self.rewards = rewards
+        self.eval_records, eval_path = resolve_dataset(eval_dataset, cfg.data.split, "eval_dataset")
+        if eval_path:
+            self.eval_records = _records_of_path(eval_path, cfg)
+        from grpo.rewards import load_reward
+
+        self.step_rewards = [load_reward(spec) for spec in cfg.reward.process_functions]
+        self.runtime = build_runtime(cfg)
+        self.runtime.prepare_process()                       # CPU: threads, allocator; CUDA: set_device
+        from grpo.training.loop import seed_everything
+
+        seed_everything(cfg.train.seed)                      # LoRA initialisation is seeded
+        self.model, self.tokenizer = resolve_model(model, tokenizer, cfg, self.runtime)
+        self.callbacks = CallbackList(callbacks)
+        self.result = None
+
+    def train(self):
+        """Run GRPO; returns a grpo.training.loop.TrainResult (model, tokenizer, steps, output_dir, checkpoint, metrics)."""
+        from grpo.training.loop import Job, run
+
+        job = Job(self.config, self.model, self.tokenizer, self.records, self.rewards, self.step_rewards,
+                  self.runtime, self.callbacks)
+        self.result = run(job)
+        return self.result
+
+    def stop(self) -> None:
+        """Ask a running train() to stop after the current step, with a checkpoint (as on SIGINT)."""
+        self.callbacks.request_stop()
+
+    def evaluate(self, dataset: Any = None, *, max_new_tokens: int | None = None, temperature: float = 0.0,
+                 num_problems: int = 256) -> dict[str, float]:
+        """Mean of every reward function over `dataset` (default: eval_dataset; with neither and no training
+        dataset, `num_problems` held-out problems of the embedded task), greedy by default; plus completion_length."""
+        from grpo.data.prompts import load_prompts
+        from grpo.training.evaluate import evaluate
+
+        cfg = self.config
+        records = self.eval_records
+        if dataset is not None:
+            records, path = resolve_dataset(dataset, cfg.data.split, "dataset")
+            records = _records_of_path(path, cfg) if path else records
+        if records is None:
+            if self.records is not None or cfg.data.dataset:
+                raise ValueError("evaluate(): no eval_dataset given (pass Trainer(eval_dataset=...) or evaluate(dataset))")
+            from grpo.data.tasks import TASKS
+
+            rows = TASKS[cfg.data.task].generate("test", num_problems, seed=cfg.train.seed)
+        else:
+            rows = load_prompts(cfg.data, cfg.train.seed, self.tokenizer, records=records).rows
+        return evaluate(self.model, self.tokenizer, rows, self.rewards,
+                        max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens, temperature=temperature,
+                        seed=cfg.train.seed, timeout_s=cfg.reward.timeout_s, on_error=cfg.reward.reward_errors)
+
+
+def _records_of_path(path: str, cfg: Config):
+    """The rows of a dataset file, read with the config's split and bad-row policy."""
+    from grpo.data.datasets_io import load_records
+
+    return load_records(path, cfg.data.split, cfg.data.skip_bad_rows)
+
+
+def train(cfg, model=None, tokenizer=None):
+    """Run GRPO on `cfg` (a grpo.config.Config; model, data and rewards named in it; `model`/`tokenizer`
+    objects replace `model.path`); returns a grpo.training.loop.TrainResult. The same path as
+    ``grpo.Trainer(model, config=cfg).train()``."""
+    return Trainer(model, tokenizer=tokenizer, config=cfg).train()

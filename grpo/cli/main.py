@@ -1,0 +1,281 @@
+"""`grpo train | demo | eval | sft`: the command-line entry points (no training logic here)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import traceback
+from typing import Any
+
+import yaml
+
+from grpo.config import ConfigError, build_config, field_help, load_yaml
+
+# Common options with flags of their own, and the config key each one sets.
+FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "train.output_dir",
+             "max_steps": "train.max_steps", "seed": "train.seed", "algorithm": "algorithm.preset",
+             "resume": "train.resume"}
+
+TRAIN_EPILOG = """\
+Any config key can be set as --section.key VALUE (VALUE is read as YAML: 0.1, true, [a, b]).
+Precedence: defaults < --algorithm preset < --config FILE < --section.key < the flags above.
+Examples:
+  grpo train                                   # embedded arithmetic task and base policy
+  grpo train --config my.yaml --max-steps 50 --algorithm.beta 0.0 --rollout.num_generations 16
+  grpo train --model ./my-model --dataset prompts.jsonl --reward my_rewards.py:correct
+  grpo train --algorithm dapo --rollout.num_generations 16   # a preset; `grpo presets` lists them
+  grpo train --config my.yaml --resume         # continue from the newest valid checkpoint in output_dir
+Ctrl-C / SIGTERM: the current step finishes, a checkpoint is saved, exit 130 / 143 (again: abort at once).
+List every key with its default and meaning: grpo train --help-config
+"""
+
+CHECK_DESCRIPTION = """\
+Score a JSONL file of completions with reward functions, without training; prints per function
+the mean (over completions with a value), the share of None, the error count and n.
+
+Completions file: one JSON object per line with
+  completion   the text (or a list of chat messages), required
+  prompt       the prompt, and any other columns inline (answer, language, completion_ids, ...)
+  index        and/or a 0-based row number of --dataset: that row's columns are joined in
+               (the completion row's own keys win)
+Every row needs a prompt or an index. A column missing from some rows is None there.
+Rewards are called by keyword as in training: fn(prompts=, completions=, **columns); a text
+completion of a chat-message prompt is passed as [{"role": "assistant", "content": text}].
+Example line: {"index": 3, "completion": "<think>...</think><answer>42</answer>"}
+Weights and other reward/data keys come from --config and --section.key VALUE options.
+"""
+
+
+def parse_overrides(tokens: list[str]) -> dict[str, Any]:
+    """['--a.b', '1', '--c.d=x'] -> {'a.b': 1, 'c.d': 'x'}; anything else is an error."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or "." not in tok:
+            raise ConfigError(f"unrecognised argument '{tok}' (config keys are given as --section.key VALUE)")
+        key, eq, value = tok[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(tokens):
+                raise ConfigError(f"config key '{key}' needs a value")
+            value, i = tokens[i + 1], i + 1
+        try:
+            out[key] = yaml.safe_load(value) if value != "" else None
+        except yaml.YAMLError:
+            out[key] = value
+        i += 1
+    return out
+
+
+def config_from_args(args: argparse.Namespace, extra: list[str]):
+    nested = load_yaml(args.config) if args.config else {}
+    overrides = parse_overrides(extra)
+    for flag, key in FLAG_KEYS.items():
+        if getattr(args, flag, None) is not None:
+            overrides[key] = getattr(args, flag)
+    if args.reward:
+        overrides["reward.functions"] = args.reward
+    return build_config(nested, overrides)
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.help_config:
+        for key, default, help_text in field_help():
+            shown = repr(default) if isinstance(default, str) and not default.isprintable() else str(default)
+            print(f"{key:34s} {shown:22s} {help_text}")
+        return 0
+    cfg = config_from_args(args, extra)
+    from transformers.utils import logging as hf_logging
+
+    from grpo.api.trainer import Trainer
+
+    hf_logging.disable_progress_bar()   # per-checkpoint load/save bars would bury the run's own lines
+    result = Trainer(config=cfg).train()                      # the Python API: one path for both
+    if result.stopped_by:
+        print(f"grpo: stopped by {result.stopped_by} after step {result.steps} of {cfg.train.max_steps}; "
+              f"checkpoint: {result.checkpoint or 'none'}\nresume with: {resume_command(args.argv)}", file=sys.stderr)
+        return 128 + result.signum
+    if os.environ.get("RANK", "0") != "0":                     # torchrun: rank 0 reports for the run
+        return 0
+    print(f"done: {result.steps} steps in {result.wall_s:.0f}s; metrics in {result.output_dir / cfg.log.metrics_file}"
+          + (f"; policy saved to {result.checkpoint}" if result.checkpoint else ""))
+    return 0
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that continues a stopped run: `argv` with its resume options replaced by --resume."""
+    kept, skip = [], False
+    for i, tok in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if tok in ("--resume", "--train.resume"):
+            following = argv[i + 1] if i + 1 < len(argv) else "--"
+            skip = tok == "--train.resume" or not following.startswith("--")
+            continue
+        if tok.startswith(("--resume=", "--train.resume=")):
+            continue
+        kept.append(tok)
+    return shlex.join(["grpo", *kept, "--resume"])
+
+
+def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.cli.demo import run_demo
+
+    run_demo(args.out, steps=args.steps, eval_problems=args.eval_problems, seed=args.seed,
+             overrides=parse_overrides(extra))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.training.evaluate import evaluate
+    from grpo.state.model_files import load_checkpoint
+    from grpo.modeling.models import EMBEDDED_MODEL_DIR
+    from grpo.rewards import load_reward
+    from grpo.data.tasks import TASKS
+
+    model, tokenizer = load_checkpoint(args.model or str(EMBEDDED_MODEL_DIR))  # full model or LoRA adapter
+    rows = TASKS[args.task].generate("test", args.problems, seed=args.seed)
+    rewards = [load_reward(r) for r in (args.reward or ["accuracy", "format"])]
+    scores = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, seed=args.seed)
+    for name, value in scores.items():
+        print(f"{name:20s} {value:.4f}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.config.presets import format_presets
+
+    print(format_presets(), end="")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.state.export import export_merged
+
+    out = export_merged(args.checkpoint, args.out_dir, dtype=args.dtype)
+    print(f"exported {args.checkpoint} -> {out} (load with AutoModelForCausalLM.from_pretrained)")
+    return 0
+
+
+def cmd_rewards_check(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.cli.rewards_check import check_config, run_check
+
+    cfg = check_config(args.config, args.reward, args.dataset, args.reward_errors, parse_overrides(extra))
+    print(run_check(cfg, args.completions))
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.training.sft import main as sft_main
+
+    return sft_main(extra)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="grpo", description="Post-train language models with GRPO.")
+    parser.add_argument("--debug", action="store_true", help="Show full tracebacks on errors.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="Run GRPO training.", epilog=TRAIN_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config file (sections: model, lora, data, rollout, reward, algorithm, optim, train, log).")
+    p.add_argument("--model", help="Local Hugging Face model directory (default: the embedded base policy).")
+    p.add_argument("--dataset", help="Prompt dataset: .jsonl/.json/.csv/.parquet or a save_to_disk directory (default: the embedded arithmetic task).")
+    p.add_argument("--reward", action="append", help="Reward function: a built-in name or file.py:function (repeatable).")
+    p.add_argument("--output-dir", dest="output_dir", help="Output directory (metrics.jsonl, config.yaml, checkpoint).")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="Number of GRPO steps.")
+    p.add_argument("--seed", type=int, help="Random seed.")
+    p.add_argument("--algorithm", help="Algorithm preset: grpo | dapo | dr_grpo | gspo | gfpo | rloo | reinforce_pp "
+                                       "(`grpo presets` shows each one's settings; explicit options override it).")
+    p.add_argument("--resume", nargs="?", const="auto", metavar="PATH",
+                   help="Continue the run from the newest valid checkpoint in the output directory (train.resume=auto; "
+                        "a corrupted newest one is skipped with a warning), or from the checkpoint PATH.")
+    p.add_argument("--help-config", action="store_true", help="List every config key with its default and help.")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("demo", help="Evaluate the base policy, run GRPO, evaluate again (embedded task).",
+                       epilog="Extra --section.key VALUE options override the demo's training config.")
+    p.add_argument("--out", default="runs/demo", help="Output directory (default: runs/demo).")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's setting).")
+    p.add_argument("--eval-problems", dest="eval_problems", type=int, default=256,
+                   help="Held-out problems evaluated before and after (default: 256).")
+    p.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("eval", help="Greedy accuracy of a policy on the embedded task's held-out split.")
+    p.add_argument("--model", help="Model directory (default: the embedded base policy).")
+    p.add_argument("--task", default="arithmetic", help="Embedded task (default: arithmetic).")
+    p.add_argument("--problems", type=int, default=256, help="Held-out problems (default: 256).")
+    p.add_argument("--reward", action="append", help="Reward functions to report (default: accuracy, format).")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default).")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("presets", help="Print every algorithm preset (paper and settings).")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("export", help="Write a checkpoint (full model or LoRA adapter) as one merged model "
+                                      "+ tokenizer that plain from_pretrained loads.")
+    p.add_argument("checkpoint", help="Checkpoint directory (e.g. runs/train/checkpoint-100).")
+    p.add_argument("out_dir", help="Output directory (must not exist or be empty).")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="Parameter dtype of the export (default: the dtype stored with the model).")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("rewards", help="Reward-function tools (`grpo rewards check --help`).")
+    rewards = p.add_subparsers(dest="rewards_command", required=True)
+    p = rewards.add_parser("check", help="Score a JSONL file of completions with reward functions (no training).",
+                           description=CHECK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--completions", required=True, help="JSONL file of completions (format above).")
+    p.add_argument("--reward", action="append", help="Reward function: a built-in name (optionally name:key=value,...), "
+                                                     "file.py:function or a reward-model directory (repeatable; "
+                                                     "default: reward.functions of the config).")
+    p.add_argument("--dataset", help="Dataset the completions' 'index' points into (default: data.dataset).")
+    p.add_argument("--config", help="YAML config file (reward and data sections are used).")
+    p.add_argument("--reward-errors", dest="reward_errors", choices=["raise", "zero"],
+                   help="A reward function that fails: raise (stop, default) | zero (count as 0.0).")
+    p.set_defaults(func=cmd_rewards_check)
+
+    p = sub.add_parser("sft", help="Cold-start supervised fine-tuning of the embedded base policy "
+                                   "(`grpo sft --help` for its options).", add_help=False)
+    p.set_defaults(func=cmd_sft)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    args.argv = list(argv)
+    if args.command in ("eval", "export") and extra:
+        parser.error(f"unrecognised arguments: {' '.join(extra)}")
+    from grpo.training.guards import TrainingError
+
+    try:
+        return args.func(args, extra)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ConfigError, ValueError, FileNotFoundError, OSError, TrainingError) as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (multi-line library messages joined)."""
+    text = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+    return text or type(e).__name__

@@ -1,0 +1,159 @@
+"""The rules a built :class:`~grpo.config.Config` must satisfy across its keys (ranges, registry
+names, combinations that cannot work). :func:`grpo.config.build_config` calls :func:`validate`
+once; each failure is a one-line :class:`~grpo.config.ConfigError` that names the key."""
+
+from __future__ import annotations
+
+import math
+
+from grpo.config import Config, ConfigError
+
+#: `log.report_to` names -> the package each needs (grpo.state.tracking holds their writers).
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def install_hint(name: str) -> str:
+    """The one-line error for a tracker whose package is not installed."""
+    package = TRACKER_PACKAGES[name]
+    return f'log.report_to: {name} needs the {package} package: pip install -e ".[{name}]" (or pip install {package})'
+
+
+def tracker_names(report_to: list[str]) -> list[str]:
+    """The trackers of `log.report_to`, in order and without repeats (`none` = no tracker)."""
+    return [name for name in dict.fromkeys(report_to) if name != "none"]
+
+
+def report_to_problem(report_to: list[str]) -> str | None:
+    """The one-line problem with `log.report_to` (unknown name, `none` mixed in, package missing), or None."""
+    import importlib.util
+
+    unknown = [name for name in report_to if name not in TRACKER_PACKAGES and name != "none"]
+    if unknown:
+        return f"log.report_to: unknown tracker {unknown[0]!r}; valid names: none, {', '.join(TRACKER_PACKAGES)}"
+    if "none" in report_to and tracker_names(report_to):
+        return "log.report_to: none cannot be combined with tracker names"
+    for name in tracker_names(report_to):
+        if importlib.util.find_spec(TRACKER_PACKAGES[name]) is None:   # checked without importing it
+            return install_hint(name)
+    return None
+
+
+#: The output directory's lock file (grpo.state.output_dir): no metrics file may take its name.
+LOCK_FILE = ".grpo.lock"
+
+
+def validate(cfg: Config) -> None:
+    """Reject settings that cannot work, with a message naming the key."""
+    from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
+    from grpo.algorithms.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
+    from grpo.algorithms.shaping import GFPO_METRICS
+
+    tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
+    metrics_file = metrics_file_problem(cfg.log.metrics_file)
+    checks = [
+        (cfg.rollout.num_generations >= 2, "rollout.num_generations must be >= 2: group-relative advantages need a group"),
+        (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
+        (cfg.rollout.temperature >= 0, "rollout.temperature must be >= 0"),
+        (0 < cfg.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+        (cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0"),
+        (cfg.algorithm.epsilon >= 0, "algorithm.epsilon must be >= 0"),
+        (cfg.algorithm.epsilon_high is None or cfg.algorithm.epsilon_high >= 0, "algorithm.epsilon_high must be >= 0"),
+        (cfg.algorithm.beta >= 0, "algorithm.beta must be >= 0"),
+        (cfg.algorithm.advantage_eps >= 0, "algorithm.advantage_eps must be >= 0"),
+        (cfg.algorithm.num_iterations >= 1, "algorithm.num_iterations must be >= 1"),
+        (cfg.algorithm.loss_norm_length >= 0, "algorithm.loss_norm_length must be >= 0"),
+        (cfg.algorithm.advantage_estimator in ADVANTAGE_ESTIMATORS,
+         f"algorithm.advantage_estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)}"),
+        (cfg.algorithm.kl_estimator in KL_ESTIMATORS, f"algorithm.kl_estimator must be one of {sorted(KL_ESTIMATORS)}"),
+        (cfg.algorithm.loss_agg_mode in AGGREGATIONS, f"algorithm.loss_agg_mode must be one of {sorted(AGGREGATIONS)}"),
+        (cfg.algorithm.scale_rewards in REWARD_SCALES, f"algorithm.scale_rewards must be one of {sorted(REWARD_SCALES)}"),
+        (cfg.algorithm.reward_combination in REWARD_COMBINERS,
+         f"algorithm.reward_combination must be one of {sorted(REWARD_COMBINERS)}"),
+        (cfg.algorithm.importance_sampling_level in IMPORTANCE_RATIOS,
+         f"algorithm.importance_sampling_level must be one of {sorted(IMPORTANCE_RATIOS)}"),
+        (cfg.algorithm.clip_ratio_c is None or cfg.algorithm.clip_ratio_c > 1, "algorithm.clip_ratio_c must be > 1 (or empty)"),
+        (cfg.algorithm.entropy_coef >= 0, "algorithm.entropy_coef must be >= 0"),
+        (0 < cfg.algorithm.top_entropy_rho <= 1, "algorithm.top_entropy_rho must be in (0, 1]"),
+        (cfg.algorithm.kl_in in ("loss", "reward"), "algorithm.kl_in must be loss | reward"),
+        (cfg.algorithm.max_sampling_tries >= 0, "algorithm.max_sampling_tries must be >= 0"),
+        (cfg.algorithm.gfpo_sample_size == 0 or cfg.algorithm.gfpo_sample_size > cfg.rollout.num_generations,
+         "algorithm.gfpo_sample_size must be 0 (off) or > rollout.num_generations"),
+        (cfg.algorithm.gfpo_metric in GFPO_METRICS, f"algorithm.gfpo_metric must be one of {sorted(GFPO_METRICS)}"),
+        (0 <= cfg.algorithm.overlong_cache_fraction < 1, "algorithm.overlong_cache_fraction must be in [0, 1)"),
+        (cfg.algorithm.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0"),
+        (cfg.algorithm.ref_update_steps >= 0, "algorithm.ref_update_steps must be >= 0"),
+        (0 < cfg.algorithm.ref_mix_alpha <= 1, "algorithm.ref_mix_alpha must be in (0, 1]"),
+        (cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype must be float32 | bfloat16 | float16"),
+        (cfg.lora.r >= 1, "lora.r must be >= 1"),
+        (cfg.lora.alpha > 0, "lora.alpha must be > 0"),
+        (0 <= cfg.lora.dropout < 1, "lora.dropout must be in [0, 1)"),
+        (len(cfg.lora.target_modules) >= 1 and all(cfg.lora.target_modules), "lora.target_modules may not be empty"),
+        ("all-linear" not in cfg.lora.target_modules or len(cfg.lora.target_modules) == 1,
+         "lora.target_modules: all-linear cannot be combined with module names"),
+        (math.isfinite(cfg.optim.lr) and cfg.optim.lr > 0, f"optim.lr must be a finite number > 0, got {cfg.optim.lr}"),
+        (cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm must be >= 0"),
+        (cfg.optim.weight_decay >= 0, "optim.weight_decay must be >= 0"),
+        (0 <= cfg.optim.adam_beta1 < 1 and 0 <= cfg.optim.adam_beta2 < 1, "optim.adam_beta1 and optim.adam_beta2 must be in [0, 1)"),
+        (cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0"),
+        (cfg.optim.lr_scheduler in ("constant", "linear", "cosine"), "optim.lr_scheduler must be constant | linear | cosine"),
+        (cfg.train.prompts_per_step >= 1, "train.prompts_per_step must be >= 1"),
+        (cfg.train.micro_batch_size >= 0, "train.micro_batch_size must be >= 0"),
+        (cfg.train.mmap_threshold_mb >= 0, "train.mmap_threshold_mb must be >= 0"),
+        (cfg.train.micro_batch_tokens >= -1, "train.micro_batch_tokens must be -1 (no limit), 0 (auto) or > 0"),
+        (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
+        (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
+        (cfg.train.save_steps >= 0, "train.save_steps must be >= 0"),
+        (cfg.train.logprob_chunk_size >= 0, "train.logprob_chunk_size must be >= 0 (0 = auto)"),
+        (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
+         "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
+        (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),
+        (cfg.train.max_bad_steps >= 0, "train.max_bad_steps must be >= 0 (0 = never stop)"),
+        (cfg.train.parallel in ("ddp", "fsdp2"), "train.parallel must be ddp | fsdp2"),
+        (cfg.train.precision in ("fp32", "bf16", "fp16"),
+         f"train.precision must be fp32 | bf16 | fp16, got '{cfg.train.precision}'"),
+        (cfg.train.precision != "fp16" or cfg.model.dtype == "float32",
+         "train.precision=fp16 needs model.dtype=float32 (the loss scaler keeps float32 master weights)"),
+        (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),
+        (cfg.model.attn_implementation in ("auto", "eager", "sdpa", "flash_attention_2"),
+         "model.attn_implementation must be auto | eager | sdpa | flash_attention_2"),
+        (cfg.model.device.strip().lower() in ("auto", "cpu", "cuda") or cfg.model.device.strip().lower().startswith("cuda:"),
+         "model.device must be auto | cpu | cuda | cuda:N"),
+        (cfg.train.resume.strip() != "", "train.resume must be never | auto | a checkpoint directory"),
+        (len(cfg.reward.functions) + len(cfg.reward.process_functions) >= 1,
+         "reward.functions (or reward.process_functions) must name at least one reward function"),
+        (not cfg.reward.process_functions or cfg.reward.step_delimiter != "",
+         "reward.step_delimiter may not be empty when reward.process_functions is set"),
+        (cfg.reward.weights is None or len(cfg.reward.weights) == len(cfg.reward.functions),
+         "reward.weights must have one weight per entry of reward.functions"),
+        (cfg.reward.weights is None or all(math.isfinite(w) for w in cfg.reward.weights),
+         f"reward.weights must be finite numbers, got {cfg.reward.weights}"),
+        (cfg.reward.reward_errors in ("raise", "zero"), "reward.reward_errors must be raise | zero"),
+        (cfg.reward.timeout_s >= 0, "reward.timeout_s must be >= 0 (0 = no limit)"),
+        (cfg.data.num_train_prompts >= 1, "data.num_train_prompts must be >= 1"),
+        (cfg.data.max_prompt_length >= 0, "data.max_prompt_length must be >= 0 (0 = no limit)"),
+        (cfg.data.long_prompts in ("drop", "truncate", "error"), "data.long_prompts must be drop | truncate | error"),
+        (cfg.data.split != "", "data.split may not be empty"),
+        (cfg.data.prompt_column != "", "data.prompt_column may not be empty"),
+        (len(set(cfg.data.column_map.values())) == len(cfg.data.column_map),
+         "data.column_map may not map two columns onto the same name"),
+        (cfg.data.prompt_column == "prompt" or "prompt" not in cfg.data.column_map.values(),
+         "data.prompt_column and data.column_map both choose the prompt column: use one of them"),
+        (tracking is None, tracking),
+        (metrics_file is None, metrics_file),
+        (cfg.log.project.strip() != "", "log.project may not be empty"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def metrics_file_problem(name: str) -> str | None:
+    """Why `log.metrics_file` is not a plain file name inside train.output_dir (None when it is one): no
+    directory part, no '..', and none of the names the run writes itself (checkpoints, config.yaml, the lock)."""
+
+    plain = f"log.metrics_file must be a plain file name inside train.output_dir, got '{name}'"
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        return f"{plain} (no directories, no '..')"
+    if name.lstrip(".").startswith("checkpoint-") or name in ("config.yaml", LOCK_FILE):
+        return f"{plain}: the run writes that name itself (checkpoint-*, config.yaml, {LOCK_FILE})"
+    return None

@@ -1,0 +1,356 @@
+"""The configuration tree: the single source of truth for a run.
+
+Every field carries its help text (``metadata["help"]``), which `grpo train --help-config` prints.
+Values come from defaults, then a YAML file, then command-line overrides (``--section.key value``);
+the tree is validated once and never mutated afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value or key; its message is one line that names the key."""
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with help text (lists and dicts get a default_factory)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = _f(None, "Local Hugging Face model directory; empty = the embedded arithmetic base policy.")
+    dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
+    trust_remote_code: bool = _f(False, "Allow custom modelling code shipped with the model directory.")
+    cpu_matmul: str = _f("auto", "float32 linear layers on CPU (grpo/modeling/cpu_kernels.py): onednn (oneDNN GEMMs, 2-3x "
+                         "faster than MKL on AMD CPUs) | aten (PyTorch's default) | auto (onednn for models of hidden size "
+                         ">= 512 when a short calibration on this machine finds it >= 1.25x faster). No effect on GPU or other dtypes.")
+    device: str = _f("auto", "Where the policy, the reference and every tensor of a step live: auto (CUDA when "
+                     "available, under torchrun cuda:LOCAL_RANK; else cpu) | cpu | cuda | cuda:N. CPU-only tuning "
+                     "(oneDNN linears, allocator threshold, thread count, micro-batch heuristics) applies only on cpu.")
+    attn_implementation: str = _f("auto", "Attention kernel: auto (the library's default, sdpa; flash_attention_2 on "
+                                  "CUDA when installed) | eager | sdpa | flash_attention_2.")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    enabled: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; the KL reference is then the "
+                       "base model with adapters disabled (no second copy in memory).")
+    r: int = _f(16, "LoRA rank r of the update B A.")
+    alpha: int = _f(32, "LoRA alpha: the update is scaled by alpha / r.")
+    dropout: float = _f(0.0, "Dropout on the LoRA branch input (training forward passes only; > 0 makes the "
+                        "first-iteration ratio differ from 1 because old/ref log-probs run without dropout).")
+    target_modules: list[str] = _f(["all-linear"], "Module names (or regexes) that get adapters; "
+                                   "`all-linear` = every linear layer except the output head.")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str | None = _f(None, "Prompt dataset: a .jsonl/.json/.csv/.parquet file or a save_to_disk directory; "
+                             "a `prompt` column (a string, or a list of {role, content} chat messages), other "
+                             "columns go to rewards by name; empty = embedded task.")
+    split: str = _f("train", "Split to use when data.dataset is a DatasetDict written by save_to_disk.")
+    column_map: dict[str, str] = _f({}, "Rename dataset columns before anything else, "
+                                    "e.g. {question: prompt, solution: answer}.")
+    task: str = _f("arithmetic", "Embedded task used when no dataset is given.")
+    num_train_prompts: int = _f(20000, "Number of prompts generated from the embedded task's train split.")
+    prompt_column: str = _f("prompt", "Name of the prompt column in the dataset (copied to `prompt`).")
+    system_prompt: str | None = _f(None, "System message prepended to chat prompts; a string prompt becomes a user message "
+                                   "after it if the tokenizer has a chat template, else is prefixed by it and a newline.")
+    max_prompt_length: int = _f(0, "Longest prompt in tokens, after chat templating (0 = no limit); see data.long_prompts.")
+    long_prompts: str = _f("drop", "Prompts longer than data.max_prompt_length: drop | truncate (keep the last tokens) "
+                           "| error; the count is logged.")
+    shuffle: bool = _f(True, "Shuffle the prompts every epoch (seeded).")
+    skip_bad_rows: bool = _f(False, "Skip malformed dataset rows (invalid JSON, missing or empty prompt, wrong type) "
+                             "and log how many, instead of stopping at the first one.")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    num_generations: int = _f(8, "G: completions sampled per prompt (TRL: num_generations; verl: rollout.n).")
+    max_new_tokens: int = _f(48, "Maximum completion length in tokens (TRL: max_completion_length).")
+    temperature: float = _f(1.0, "Sampling temperature; also applied to the logits of the training forward pass.")
+    top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = _f(0, "Top-k sampling (0 = off).")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    functions: list[str] = _f(["accuracy", "format"], "Reward functions: built-in names (accuracy, format, math_accuracy, "
+                              "think_format, tag_count, cosine_length, repetition_penalty, soft_overlong, "
+                              "language_consistency, code_execution; parameters as name:key=value,...), "
+                              "`path/to/file.py:function` (sync or async) or a reward-model directory.")
+    weights: list[float] | None = _f(None, "One weight per reward function (default: all 1.0).")
+    process_functions: list[str] = _f([], "Step-reward functions (process supervision, DeepSeekMath 4.1.3): "
+                                      "`file.py:function` returning one reward per reasoning step.")
+    step_delimiter: str = _f("\n", "Text that ends a reasoning step, for process_functions.")
+    reward_errors: str = _f("raise", "A reward function that raises, times out or returns NaN/inf: raise (stop with an "
+                            "error naming the function and completion) | zero (count it as 0.0; logged as "
+                            "reward/<name>/errors).")
+    timeout_s: float = _f(0.0, "Seconds one reward call may take (0 = no limit). > 0: a call that does not return in "
+                          "time is an error naming the function (reward_errors: zero scores the batch 0.0); sync "
+                          "functions then run in a worker thread, abandoned on timeout (Python cannot stop it), "
+                          "async ones are cancelled. 0 keeps sync calls in the main thread (signal.alarm works).")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    preset: str | None = _f(None, "Named variant whose settings form the base layer (`grpo presets` lists them): "
+                            "grpo | dapo | dr_grpo | gspo | gfpo | rloo | reinforce_pp; explicit keys override it.")
+    advantage_estimator: str = _f("grpo", "Advantage estimator (registry in grpo/algorithms/advantages.py): grpo | dr_grpo | rloo | reinforce_pp.")
+    advantage_eps: float = _f(1e-4, "eps in A = (r - mean) / (std + eps).")
+    epsilon: float = _f(0.2, "Lower clip range of the importance ratio: 1 - epsilon.")
+    epsilon_high: float | None = _f(None, "Upper clip range 1 + epsilon_high (default: epsilon; DAPO: 0.28).")
+    beta: float = _f(0.04, "KL coefficient; 0 skips the reference model entirely.")
+    kl_estimator: str = _f("k3", "KL estimator (registry in grpo/algorithms/loss.py): k3 | k1 | k2.")
+    loss_agg_mode: str = _f("seq-mean-token-mean", "Loss aggregation (registry in grpo/algorithms/loss.py): seq-mean-token-mean | "
+                            "token-mean | seq-mean-token-sum | seq-mean-token-sum-norm.")
+    loss_norm_length: int = _f(0, "Constant L of seq-mean-token-sum-norm (0 = rollout.max_new_tokens).")
+    num_iterations: int = _f(1, "mu: optimizer steps per generation batch (old log-probs stored).")
+    scale_rewards: str = _f("group", "Std used by the grpo estimator (as TRL): group | batch | none (no division); "
+                            "dr_grpo, rloo, reinforce_pp ignore it.")
+    reward_combination: str = _f("sum_then_normalize", "How several reward functions combine (registry in "
+                                 "grpo/algorithms/advantages.py): sum_then_normalize | normalize_then_sum (MO-GRPO / GDPO).")
+    importance_sampling_level: str = _f("token", "Importance ratio (registry in grpo/algorithms/loss.py): token (GRPO) | "
+                                        "sequence (GSPO: length-normalised sequence ratio).")
+    clip_ratio_c: float | None = _f(None, "Dual-clip constant c > 1 (verl clip_ratio_c, e.g. 3.0): caps the loss of "
+                                    "A < 0 tokens at -c * A; empty = off.")
+    entropy_coef: float = _f(0.0, "Entropy bonus: loss -= entropy_coef * H, aggregated like the policy term (0 = off).")
+    top_entropy_rho: float = _f(1.0, "Train only on this fraction of the batch's active tokens with the highest "
+                                "entropy (\"80/20\": 0.2; 1.0 = all tokens).")
+    kl_in: str = _f("loss", "Where the beta * KL penalty goes: loss (GRPO) | reward (subtracted from the outcome reward).")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop groups whose rewards all tie and generate more.")
+    max_sampling_tries: int = _f(3, "Cap on the extra generation rounds of dynamic sampling.")
+    gfpo_sample_size: int = _f(0, "GFPO: sample k completions per prompt and keep the best G "
+                               "(k > rollout.num_generations; 0 = off).")
+    gfpo_metric: str = _f("length", "GFPO filter metric (registry in grpo/algorithms/shaping.py): length (shorter kept) | "
+                          "token_efficiency (reward / length, higher kept).")
+    overlong_filter: bool = _f(False, "DAPO overlong filtering: truncated completions are masked out of the loss.")
+    overlong_cache_fraction: float = _f(0.0, "DAPO soft overlong punishment: L_cache as a fraction of "
+                                        "rollout.max_new_tokens (DAPO: 0.2; 0 = off).")
+    overlong_penalty_factor: float = _f(1.0, "Scale of the soft overlong penalty added to the reward.")
+    ref_update_steps: int = _f(0, "Refresh the reference policy every this many steps (0 = never).")
+    ref_mix_alpha: float = _f(1.0, "Reference refresh: ref <- alpha * policy + (1 - alpha) * ref (1.0 = copy).")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = _f(1e-6, "AdamW learning rate (peak).")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.99, "AdamW beta2.")
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this value (0 = no clipping).")
+    warmup_steps: int = _f(0, "Linear warm-up steps.")
+    lr_scheduler: str = _f("constant", "Schedule after warm-up: constant | linear | cosine.")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    prompts_per_step: int = _f(8, "B: prompts per step; a step trains on B * G completions.")
+    micro_batch_size: int = _f(0, "Completions per forward/backward pass (gradient accumulation, exact); 0 = no "
+                               "row limit (train.micro_batch_tokens still applies).")
+    mmap_threshold_mb: int = _f(1, "glibc: host allocations >= this many MiB come from mmap, so freed activations "
+                                "return to the OS at once instead of fragmenting the heap (lower peak RSS on CPU; "
+                                "grpo/modeling/cpu_kernels.py). 0 = leave the allocator alone.")
+    micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
+                                 "rows bucketed by length, rows x longest row <= this. 0 = auto: "
+                                 "2**20 / (hidden_size x num_layers), at least 256 (~150 MiB of activations); "
+                                 "-1 = no limit. The update is the same for any value (exact accumulation).")
+    max_steps: int = _f(100, "Number of GRPO steps.")
+    seed: int = _f(0, "Seed for data order, sampling and initialisation.")
+    num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")
+    output_dir: str = _f("runs/train", "Where metrics.jsonl and the final checkpoint are written.")
+    save_final: bool = _f(True, "Save the trained policy to output_dir/checkpoint-<step> at the end.")
+    gradient_checkpointing: bool = _f(False, "Recompute transformer layer activations in the backward pass "
+                                      "(less memory, about 30% more update compute).")
+    logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto, about 32 MiB "
+                                 "of float32 logits per chunk); the full [N, T, vocab] logits never exist.")
+    save_steps: int = _f(0, "Also save output_dir/checkpoint-<step> every N steps (0 = only the final one).")
+    save_total_limit: int = _f(0, "Keep only the newest K checkpoints (0 = keep all).")
+    resume: str = _f("never", "Continue an interrupted run: never (start at step 0) | auto (from the newest valid "
+                     "checkpoint in output_dir; none yet = start at step 0) | PATH (that checkpoint directory). "
+                     "`grpo train --resume` = auto. See docs/reliability.md.")
+    deterministic: bool = _f(False, "Deterministic kernels (torch.use_deterministic_algorithms) and cuDNN/cuBLAS "
+                             "settings: same seed, config and thread count -> identical results.")
+    max_bad_steps: int = _f(5, "Stop with an error after this many consecutive steps with a non-finite loss or "
+                            "gradient norm (each is skipped); 0 = never stop.")
+    parallel: str = _f("ddp", "Data-parallel wrapper under torchrun (docs/distributed.md): ddp (every rank holds "
+                       "the model, gradients are all-reduced) | fsdp2 (torch fully_shard: parameters, gradients "
+                       "and optimizer state sharded during the update). Ignored in a single process.")
+    precision: str = _f("fp32", "Mixed precision of the forward passes (rollout, reference/old log-probs, the update's "
+                        "forward and loss): fp32 (none) | bf16 (autocast to bfloat16) | fp16 (autocast to float16 with a "
+                        "dynamic loss scaler). Weights, gradients and optimizer state keep model.dtype; log-probs, KL "
+                        "and loss are float32 (grpo/modeling/precision.py, docs/performance.md).")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    progress_bar: bool = _f(True, "Show a console progress bar with the headline metrics.")
+    metrics_file: str = _f("metrics.jsonl", "Metrics file name inside output_dir (one JSON object per step).")
+    report_to: list[str] = _f([], "Trackers that also receive every step's scalars (metrics.jsonl is always written): "
+                              "tensorboard (output_dir/tensorboard) | wandb (output_dir/wandb; WANDB_MODE=offline "
+                              "works without a network) | trackio (trackio's own directory); none = no tracker. Each "
+                              "needs its extra, e.g. pip install -e \".[wandb]\" (docs/logging.md).")
+    project: str = _f("grpo", "W&B / trackio project the run is logged under.")
+    run_name: str = _f("", "Run name shown by W&B / trackio; empty = the name of train.output_dir.")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "rollout": RolloutConfig, "reward": RewardConfig,
+    "algorithm": AlgorithmConfig, "optim": OptimConfig, "train": TrainConfig, "log": LogConfig,
+}
+
+
+def valid_keys() -> list[str]:
+    """All `section.key` names, in declaration order."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check/convert one value against a field annotation; raise ConfigError naming the key."""
+    hint = eval(annotation, vars(typing) | {"types": types}) if isinstance(annotation, str) else annotation  # noqa: S307
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"config key '{key}' may not be empty")
+    if optional:
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return [_coerce(key, v, item) for v in value]
+    if origin is dict:
+        key_type, value_type = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
+        return {_coerce(key, k, key_type): _coerce(key, v, value_type) for k, v in value.items()}
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}' expects true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"config key '{key}' expects an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):     # inf / nan pass every range check and end in NaN weights
+                raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
+            return float(value)
+        raise ConfigError(f"config key '{key}' expects a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config key '{key}' expects a string, got {value!r}")
+    return value
+
+
+def _unknown(key: str) -> ConfigError:
+    return ConfigError(f"unknown config key '{key}'; valid keys: {', '.join(valid_keys())}")
+
+
+def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Build a validated Config from a nested dict (YAML) and flat `section.key` overrides."""
+    merged: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    algo_section = (nested or {}).get("algorithm")
+    preset = (overrides or {}).get("algorithm.preset") or (algo_section.get("preset") if isinstance(algo_section, dict) else None)
+    if preset:  # the lowest layer: the YAML file and the overrides below replace any of its values
+        from grpo.config.presets import preset_values
+
+        for dotted, value in preset_values(str(preset)).items():
+            section, _, key = dotted.partition(".")
+            merged[section][key] = value
+    for section, values in (nested or {}).items():
+        if section not in SECTIONS:
+            raise _unknown(str(section))
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section '{section}' must be a mapping of keys to values")
+        merged[section].update(values)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS or not key:
+            raise _unknown(dotted)
+        merged[section][key] = value
+    built = {}
+    for section, cls in SECTIONS.items():
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in merged[section].items():
+            if key not in fields:
+                raise _unknown(f"{section}.{key}")
+            kwargs[key] = _coerce(f"{section}.{key}", value, fields[key].type)
+        built[section] = cls(**kwargs)
+    cfg = Config(**built)
+    from grpo.config.checks import validate   # the cross-field rules live beside the schema
+
+    validate(cfg)
+    return cfg
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file; errors name the file (and line, when YAML reports one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    return data
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as a nested plain dict (for YAML/JSON dumps)."""
+    return dataclasses.asdict(cfg)
+
+
+def field_help() -> list[tuple[str, Any, str]]:
+    """(key, default, help) for every config key, for `--help-config`."""
+    rows = []
+    default = Config()
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            rows.append((f"{section}.{f.name}", getattr(getattr(default, section), f.name), f.metadata.get("help", "")))
+    return rows

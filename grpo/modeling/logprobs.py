@@ -1,0 +1,311 @@
+"""Per-token log-probabilities and entropies of completions under a causal LM.
+
+Chunked path (the default, for any model whose logits are ``lm_head(last_hidden_state)``, LoRA
+wrappers included): the backbone runs to hidden states, then only the *real* completion positions
+(attention mask 1) go through the LM head, ``chunk_size`` tokens at a time. Each chunk's float32
+logits live only while that chunk's log-softmax is taken; with autograd, each chunk is wrapped in
+activation checkpointing, so the backward pass recomputes that chunk's logits instead of storing
+them. No ``[N, T, V]`` tensor is ever materialised, in the model dtype or in float32.
+
+Padding costs nothing either: each micro-batch is trimmed to its longest row (leading columns that
+are padding in every row, trailing completion columns that are padding in every row) before the
+forward pass; :func:`length_order` lets callers bucket rows of similar length into micro-batches.
+Log-probs and entropies at padded completion positions are 0.
+
+Fallback (models with a logit soft-cap or scale, prompt-learning peft models, anything without a
+separate backbone and output embedding): the model's own forward with ``logits_to_keep = T + 1``,
+then the log-softmax in row chunks (:func:`selective_logprobs`, :func:`logprobs_and_entropy`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from grpo.modeling.precision import cast_frozen_linears
+from grpo.modeling.decoder import positions_from_mask
+from grpo.modeling.shared_prompt import completion_hidden
+
+#: Default logits per chunk of the chunked path: 2**23 float32 values = 32 MiB (256 tokens at V = 32k).
+CHUNK_LOGITS = 2 ** 23
+#: Config attributes that mean the logits are not simply ``lm_head(hidden)`` (soft-caps, scales).
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """float16 / bfloat16 -> float32; float32 and float64 stay as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+# --- the logits path (fallback) ----------------------------------------------------------------------
+
+def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, chunk_rows: int = 16) -> torch.Tensor:
+    """log softmax(logits)[token] = logit[token] - logsumexp(logits), in row chunks.
+
+    Shape:
+        logits: [N, T, V], tokens: [N, T]  ->  [N, T] float32
+    """
+    out = []
+    for start in range(0, logits.shape[0], chunk_rows):
+        lg = upcast(logits[start:start + chunk_rows])                     # [n, T, V]
+        picked = lg.gather(-1, tokens[start:start + chunk_rows].unsqueeze(-1)).squeeze(-1)  # [n, T]
+        out.append(picked - torch.logsumexp(lg, dim=-1))                  # [n, T]
+    return torch.cat(out, dim=0)
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 16) -> torch.Tensor:
+    """Token entropy H = -sum_v p_v log p_v, without autograd, in row chunks.
+
+    Shape: [N, T, V] -> [N, T] float32
+    """
+    out = []
+    for start in range(0, logits.shape[0], chunk_rows):
+        logp = torch.log_softmax(upcast(logits[start:start + chunk_rows]), dim=-1)  # [n, T, V]
+        out.append(-(logp.exp() * logp).sum(dim=-1))                                # [n, T]
+    return torch.cat(out, dim=0)
+
+
+def _logprobs_and_entropy_chunk(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p[token] and H = -sum_v p_v log p_v from one log-softmax.  [..., V], [...] -> [...] x 2."""
+    logp = torch.log_softmax(upcast(logits), dim=-1)                              # [..., V]
+    picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)                     # [...]
+    return picked, -(logp.exp() * logp).sum(dim=-1)
+
+
+def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor,
+                         chunk_rows: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chosen tokens' log-probs and token entropies, both with autograd, in row chunks.
+
+    When ``logits`` requires grad, each chunk is checkpointed: only the logits (already alive) are
+    kept for the backward pass, which recomputes that chunk's float32 log-softmax.
+
+    Shape:
+        logits: [N, T, V], tokens: [N, T]  ->  logp: [N, T] float32, entropy: [N, T] float32
+    """
+    parts = []
+    for start in range(0, logits.shape[0], chunk_rows):
+        lg, tk = logits[start:start + chunk_rows], tokens[start:start + chunk_rows]
+        parts.append(checkpoint(_logprobs_and_entropy_chunk, lg, tk, use_reentrant=False)
+                     if lg.requires_grad and torch.is_grad_enabled() else _logprobs_and_entropy_chunk(lg, tk))
+    return torch.cat([p[0] for p in parts], dim=0), torch.cat([p[1] for p in parts], dim=0)
+
+
+def logits_path(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int,
+                temperature: float, with_entropy: bool, entropy_grad: bool):
+    """The model's own forward (``logits_to_keep = T + 1``), log-softmax in row chunks.
+
+    Shape:
+        input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=positions_from_mask(attention_mask), use_cache=False, logits_to_keep=T + 1)
+    logits = out.logits[:, :-1, :]                                          # [N, T, V] predicts tokens P..P+T-1
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    if entropy_grad:
+        return logprobs_and_entropy(logits, input_ids[:, -T:])              # [N, T] x 2, with grad
+    logp = selective_logprobs(logits, input_ids[:, -T:])                    # [N, T]
+    return logp, (entropy_from_logits(logits.detach()) if with_entropy else None)
+
+
+# --- the chunked path ------------------------------------------------------------------------------
+
+def split_model(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(backbone, lm_head) when the logits are exactly ``lm_head(backbone(...).last_hidden_state)``.
+
+    A peft LoRA model is split through its base model, whose layers carry the adapters (so
+    ``disable_adapter()`` still applies). Returns None when the chunked path cannot reproduce the
+    model's logits: prompt-learning peft models, logit soft-caps or scales, no separate backbone.
+    """
+    inner = model
+    if hasattr(model, "get_base_model"):
+        peft_config = getattr(model, "active_peft_config", None)
+        if peft_config is None or getattr(peft_config, "is_prompt_learning", False):
+            return None
+        inner = model.get_base_model()
+    config = getattr(inner, "config", None)
+    if config is None or any(getattr(config, name, None) not in (None, 1, 1.0) for name in LOGIT_TRANSFORMS):
+        return None
+    backbone = getattr(inner, "base_model", None)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if backbone is None or backbone is inner or not isinstance(head, torch.nn.Module):
+        return None
+    return backbone, head
+
+
+def trim_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 T: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Drop prompt columns that are padding in every row and completion columns likewise at the end.
+
+    Left padding is excluded from attention and positions come from the mask, and no real token
+    attends to a later column, so the real tokens' outputs do not change. At least one completion
+    column is kept.
+
+    Shape:
+        [n, P + T] -> ids, mask: [n, P' + T'], T' <= T
+    """
+    used = attention_mask.bool().any(dim=0)                                 # [P + T]
+    P = input_ids.shape[1] - T
+    first = int(used[:P].long().argmax()) if bool(used[:P].any()) else P    # first real prompt column
+    kept_T = max(1, int(used[P:].nonzero().max()) + 1) if bool(used[P:].any()) else 1
+    end = P + kept_T
+    return input_ids[:, first:end], attention_mask[:, first:end], kept_T
+
+
+def chunk_tokens(vocab_size: int, chunk_size: int = 0) -> int:
+    """Tokens per LM-head chunk: ``chunk_size``, or 0 = about :data:`CHUNK_LOGITS` logits per chunk."""
+    return chunk_size if chunk_size > 0 else max(16, CHUNK_LOGITS // max(vocab_size, 1))
+
+
+def head_chunk(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
+               with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """LM head, temperature, log-softmax for one chunk of token positions.
+
+    Shape:
+        hidden: [k, H], tokens: [k]  ->  logp [k] float32, entropy [k] float32 (zeros if not asked)
+    """
+    logits = upcast(head(hidden))                                           # [k, V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)                                # [k, V]
+    picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)              # [k]
+    if not with_entropy:
+        return picked, torch.zeros_like(picked)
+    return picked, -(logp.exp() * logp).sum(dim=-1)                         # [k], [k]
+
+
+def chunked_head(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                 with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`head_chunk` over ``chunk_size`` positions at a time, checkpointed under autograd.
+
+    Shape:
+        hidden: [M, H], tokens: [M]  ->  logp [M], entropy [M] (float32)
+    """
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    logps, ents = [], []
+    for s in range(0, hidden.shape[0], chunk_size):
+        h, tk = hidden[s:s + chunk_size], tokens[s:s + chunk_size]
+        lp, ent = (checkpoint(head_chunk, head, h, tk, temperature, with_entropy, use_reentrant=False) if grad
+                   else head_chunk(head, h, tk, temperature, with_entropy))
+        logps.append(lp)
+        ents.append(ent)
+    return torch.cat(logps), torch.cat(ents)
+
+
+def scatter_rows(values: torch.Tensor, active: torch.Tensor, T: int) -> torch.Tensor:
+    """Values of the active positions back into a zero-filled [n, T] grid (autograd flows).
+
+    Shape:
+        values: [M], active: [n, T'] bool with M true entries, T >= T'  ->  [n, T]
+    """
+    n, kept = active.shape
+    grid = values.new_zeros(n, kept).masked_scatter(active, values)        # [n, T']
+    return torch.nn.functional.pad(grid, (0, T - kept))                     # [n, T]
+
+
+def chunked_path(parts: tuple[torch.nn.Module, torch.nn.Module], input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor, T: int, temperature: float, with_entropy: bool,
+                 entropy_grad: bool, chunk_size: int = 0):
+    """Backbone on the trimmed batch (each distinct prompt once: :mod:`grpo.modeling.shared_prompt`), then the
+    LM head only on real completion tokens, in chunks.
+
+    Shape:
+        input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
+    """
+    backbone, head = parts
+    ids, mask, kept = trim_padding(input_ids, attention_mask, T)            # [n, P' + T']
+    hidden = completion_hidden(backbone, ids, mask, kept)                   # [n, T', H] predicts the T' tokens
+    active = mask[:, -kept:].bool()                                         # [n, T']
+    want_entropy = with_entropy or entropy_grad
+    vocab = getattr(getattr(head, "weight", None), "shape", (0,))[0]
+    step = chunk_tokens(vocab, chunk_size)
+    logp, ent = chunked_head(head, hidden[active], ids[:, -kept:][active], temperature, want_entropy, step)
+    if not active.any():                                                    # keep the graph connected
+        logp = logp + hidden.sum() * 0.0
+    entropy = None
+    if want_entropy:
+        entropy = scatter_rows(ent if entropy_grad else ent.detach(), active, T)
+    return scatter_rows(logp, active, T), entropy
+
+
+def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        completion_length: int, temperature: float = 1.0,
+                        with_entropy: bool = False, entropy_grad: bool = False,
+                        chunk_size: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(o_t | q, o_<t) for the last `completion_length` tokens of each row.
+
+    The logits are divided by the sampling temperature (as during rollout) when temperature > 0.
+    ``with_entropy`` adds the token entropy without autograd (metrics); ``entropy_grad`` adds it
+    with autograd (entropy bonus in the loss) and implies ``with_entropy``. ``chunk_size`` is the
+    number of tokens per LM-head chunk (0 = about 32 MiB of float32 logits per chunk). Positions
+    whose attention mask is 0 (padding after EOS) get 0 on the chunked path.
+
+    Shape:
+        input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
+    """
+    parts = split_model(model)
+    if parts is None:
+        return logits_path(model, input_ids, attention_mask, completion_length, temperature, with_entropy,
+                           entropy_grad)
+    return chunked_path(parts, input_ids, attention_mask, completion_length, temperature, with_entropy,
+                        entropy_grad, chunk_size)
+
+
+def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Row order by number of real tokens (stable), so consecutive micro-batches trim well.
+
+    Shape: [N, L] -> [N] long permutation
+    """
+    return torch.sort(attention_mask.sum(dim=1), stable=True).indices
+
+
+@torch.no_grad()
+def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   completion_length: int, temperature: float = 1.0, micro_batch_size: int = 0,
+                   chunk_size: int = 0, max_tokens: int = 0) -> torch.Tensor:
+    """Log-probs without autograd (old policy, reference), micro-batch by micro-batch.
+
+    Micro-batches are those of the update (:func:`bucketed_micro_batches`: rows of similar length,
+    at most `micro_batch_size` rows and `max_tokens` padded tokens each), so each trims its own
+    padding; the result is in the original row order. Under autocast (`train.precision`) a frozen
+    model's linear weights are cast once for the whole pass (:func:`grpo.modeling.precision.cast_frozen_linears`).
+
+    Shape: [N, P + T] -> [N, T]
+    """
+    was_training = model.training
+    model.eval()  # no dropout: old/ref log-probs must be deterministic
+    n = input_ids.shape[0]
+    out = torch.empty(n, completion_length, dtype=torch.float32, device=input_ids.device)
+    try:
+        with cast_frozen_linears(model, input_ids.device):               # autocast: frozen weights cast once
+            for idx in bucketed_micro_batches(attention_mask, micro_batch_size, max_tokens):
+                out[idx] = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length,
+                                               temperature, chunk_size=chunk_size)[0].float()
+    finally:
+        model.train(was_training)
+    return out                                                              # [N, T]
+
+
+def bucketed_micro_batches(attention_mask: torch.Tensor, size: int, max_tokens: int = 0) -> list:
+    """Micro-batches of rows of similar length, each trimming its own padding.
+
+    Rows are taken shortest first (:func:`length_order`); a micro-batch closes when it holds `size`
+    rows or when one more row would make rows x (its longest row's real tokens) exceed `max_tokens`
+    (every micro-batch holds at least one row). `size` = 0 and `max_tokens` <= 0: one slice.
+
+    Shape: attention_mask [N, L] -> list of [n] long row indices (or a single slice)
+    """
+    n = attention_mask.shape[0]
+    size = size if 0 < size < n else n
+    if size == n and (max_tokens <= 0 or n * int(attention_mask.sum(dim=-1).max()) <= max_tokens):
+        return [slice(0, n)]
+    order = length_order(attention_mask)                                     # [N] shortest first
+    lengths = attention_mask.sum(dim=-1)[order].tolist()                     # [N] real tokens, ascending
+    groups, start = [], 0
+    for i in range(1, n + 1):
+        full = i - start == size or (i < n and max_tokens > 0 and (i + 1 - start) * lengths[i] > max_tokens)
+        if i == n or full:
+            groups.append(order[start:i])
+            start = i
+    return groups

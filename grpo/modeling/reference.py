@@ -1,0 +1,75 @@
+"""The reference policy pi_ref of the KL term: none, a frozen copy, or the LoRA base model.
+
+* ``beta == 0``: no reference at all (nothing is copied, no extra forward pass).
+* full fine-tuning: a frozen deep copy of the initial policy.
+* LoRA: the policy itself with its adapters disabled, so no second copy is held in memory.
+
+Iterative GRPO (DeepSeekMath, section 4.2) refreshes the reference during training; with
+``algorithm.ref_update_steps = N`` every N steps the copy becomes the mix
+``ref <- alpha * policy + (1 - alpha) * ref`` (``alpha = algorithm.ref_mix_alpha``; 1 = copy).
+"""
+
+from __future__ import annotations
+
+import copy
+import torch
+
+from grpo.modeling.logprobs import fixed_logprobs
+from grpo.modeling.precision import store_frozen_linears
+
+
+@torch.no_grad()
+def mix_parameters(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+    """In place: theta_ref <- alpha * theta_policy + (1 - alpha) * theta_ref, parameter by parameter."""
+    ref_params, pol_params = dict(ref.named_parameters()), dict(policy.named_parameters())
+    if ref_params.keys() != pol_params.keys():
+        raise ValueError("mix_parameters: the reference and the policy have different parameters")
+    for name, p_ref in ref_params.items():
+        p_ref.lerp_(pol_params[name].to(p_ref.dtype), alpha)
+
+
+class FrozenCopy:
+    """pi_ref = a frozen copy of the initial policy (full fine-tuning)."""
+
+    def __init__(self, policy: torch.nn.Module, storage_dtype: torch.dtype | None = None):
+        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        if storage_dtype is not None:           # train.precision bf16/fp16: linears kept in autocast's dtype
+            store_frozen_linears(self.model, storage_dtype)
+
+    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0):
+        """Shape: [N, P + T] -> [N, T]."""
+        return fixed_logprobs(self.model, input_ids, attention_mask, completion_length, temperature,
+                              micro_batch_size, max_tokens=max_tokens)
+
+    def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
+        mix_parameters(self.model, policy, alpha)
+
+
+class AdapterDisabled:
+    """pi_ref = the LoRA policy with its adapters switched off (the frozen base weights)."""
+
+    def __init__(self, policy: torch.nn.Module):
+        self.policy = policy
+
+    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0):
+        """Shape: [N, P + T] -> [N, T]."""
+        with self.policy.disable_adapter():
+            return fixed_logprobs(self.policy, input_ids, attention_mask, completion_length, temperature,
+                                  micro_batch_size, max_tokens=max_tokens)
+
+    def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
+        raise ValueError("algorithm.ref_update_steps needs full fine-tuning: with LoRA the reference is "
+                         "the base model (adapters disabled)")
+
+
+def build_reference(policy: torch.nn.Module, beta: float, storage_dtype: torch.dtype | None = None):
+    """The reference for a policy: None when beta == 0, else AdapterDisabled (LoRA) or FrozenCopy.
+
+    `storage_dtype` (the autocast dtype of train.precision, for a reference that is never refreshed): the
+    copy's linear weights are stored in it (grpo.modeling.precision.store_frozen_linears), the values autocast
+    would compute with anyway, so the reference costs half the memory for them."""
+    if beta <= 0:
+        return None
+    from grpo.modeling.lora import is_lora
+
+    return AdapterDisabled(policy) if is_lora(policy) else FrozenCopy(policy, storage_dtype)

@@ -1,0 +1,162 @@
+"""Namespaced step metrics (`reward/accuracy/mean`, `loss/policy`, `kl/mean`, ...) and their sinks."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo.config import Config
+from grpo.state.tracking import close_trackers, open_trackers, tracker_scalars
+from grpo.types import Scored
+
+
+def reward_metrics(scored: Scored) -> dict[str, float]:
+    """Mean and std of the total and of each reward function (None values left out)."""
+    total = scored.total[~torch.isnan(scored.total)]                        # NaN = no function applied
+    out = {"reward/total/mean": float(total.mean()) if total.numel() else float("nan"),
+           "reward/total/std": float(total.std(unbiased=False)) if total.numel() else float("nan")}
+    for k, name in enumerate(scored.names):
+        col = scored.per_function[:, k]
+        vals = col[~torch.isnan(col)]
+        out[f"reward/{name}/mean"] = float(vals.mean()) if vals.numel() else float("nan")
+        out[f"reward/{name}/std"] = float(vals.std(unbiased=False)) if vals.numel() else float("nan")
+        out[f"reward/{name}/none_frac"] = float(torch.isnan(col).float().mean())
+    for name, count in scored.errors.items():                              # reward.reward_errors: zero
+        out[f"reward/{name}/errors"] = float(count)
+    return out
+
+
+def completion_metrics(completion_mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """Length statistics of the sampled completions.  Shape: [N, T], [N]."""
+    lengths = completion_mask.sum(dim=1).float()                            # [N]
+    return {"completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
+            "completion/truncated_frac": float(truncated.float().mean())}
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; null means "not defined this step"
+    return value
+
+
+def step_metrics(step: int, exp, u: dict[str, float], times: dict[str, float], prompt_set) -> dict[str, Any]:
+    """One metrics.jsonl record: the experience `exp`, the mean update stats `u`, timings, data counts."""
+    gen = exp.groups.gen
+    return {
+        "step": step, **reward_metrics(exp.scored), **completion_metrics(gen.completion_mask, gen.truncated),
+        **exp.metrics, "advantages/zero_std_frac": exp.advantages.zero_std_groups / exp.advantages.num_groups,
+        "loss/total": u["loss"], "loss/policy": u["policy_loss"], "loss/kl": u["kl_loss"],
+        "kl/mean": u["kl"], "policy/clip_frac": u["clip_fraction"], "policy/entropy": u["entropy"],
+        "optim/grad_norm": u["grad_norm"], "optim/lr": u["lr"], "optim/skipped_steps": u["skipped"],
+        "time/step_s": times["step_s"], "time/rollout_s": exp.groups.sample_s, "time/experience_s": times["experience_s"],
+        "time/update_s": times["update_s"],
+        "rollout/tokens_per_s": float(gen.completion_mask.sum()) / max(exp.groups.sample_s, 1e-9),
+        "data/dropped_prompts": prompt_set.num_dropped, "data/truncated_prompts": prompt_set.num_truncated,
+        "data/skipped_rows": prompt_set.num_skipped,
+    }
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to a file, drives an optional tqdm progress bar and hands each
+    record's numbers to the trackers of `config.log.report_to` (grpo/state/tracking.py).
+
+    `initial` is the number of steps already done (a resumed run; see truncate_metrics). The file and
+    the trackers are opened by the first record, so a run that fails before its first step is logged
+    writes nothing to the output directory (grpo.state.resume.begin_run).
+    """
+
+    HEADLINE = (("reward/total/mean", "reward"), ("reward/accuracy/mean", "acc"),
+                ("completion/length_mean", "len"), ("kl/mean", "kl"))
+
+    def __init__(self, path: Path, total_steps: int, progress_bar: bool = True, initial: int = 0,
+                 config: Config | None = None):
+        self.path, self.config, self.initial = path, config, initial
+        self.fh: Any = None
+        self.trackers: list = []
+        self.bar = None
+        if progress_bar:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=initial, desc="grpo", unit="step", dynamic_ncols=True)
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        """Open the file (appending) and the trackers of `log.report_to`."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = self.path.open("a")
+        try:
+            self.trackers = open_trackers(self.config, first_step=self.initial + 1) if self.config is not None else []
+        except BaseException:
+            self.fh.close()
+            raise
+
+    def sync(self) -> None:
+        """Flush the records to the disk (before a checkpoint, so none it covers can be lost)."""
+        if self.fh is None:
+            return
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        if self.fh is None:
+            self._open()
+        self.fh.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
+        self.fh.flush()
+        if self.trackers:
+            scalars = tracker_scalars(metrics)                             # the same numbers for every tracker
+            for tracker in self.trackers:
+                tracker.log(metrics["step"], scalars)
+        if self.bar is not None:
+            shown = {label: f"{metrics[k]:.3g}" for k, label in self.HEADLINE
+                     if isinstance(metrics.get(k), float) and math.isfinite(metrics[k])}
+            self.bar.set_postfix(shown, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        """Close the progress bar, the file and the trackers (a second call does nothing)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.fh is not None and not self.fh.closed:
+            self.fh.close()
+            close_trackers(self.trackers)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All step records of a metrics.jsonl file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: str | Path, step: int) -> int:
+    """Keep the records of steps <= `step` (a torn last line goes too); returns how many lines were dropped.
+
+    A run resumed at step S calls it with S, so the finished file equals an uninterrupted run's.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            ok = int(json.loads(line)["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if ok:
+            keep.append(line)
+        elif line.strip():
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in keep))
+        os.replace(tmp, path)
+    return dropped

@@ -1,0 +1,246 @@
+"""One step's experience: sample groups, score them, filter them, compute advantages.
+
+    prompts -> sample k per prompt -> rewards (+ soft overlong penalty) -> GFPO keep G of k
+            -> dynamic sampling (drop tied groups, draw again) -> ref / old log-probs
+            -> KL in reward -> advantages (outcome + process) -> loss mask (overlong, top-rho)
+
+Every decision is a pure function of grpo.algorithms.advantages / grpo.algorithms.shaping / grpo.algorithms.loss chosen by a config
+string; this module only wires them together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, Advantages
+from grpo.config import Config
+from grpo.data.prompts import PromptStream, tokenize_prompts
+from grpo.modeling.logprobs import completion_logprobs, fixed_logprobs
+from grpo.algorithms.loss import KL_ESTIMATORS
+from grpo.rewards import score
+from grpo.rewards.process import score_steps
+from grpo.rewards.text import chat_completions
+from grpo.rollout import Generation, sample
+from grpo.rollout.batching import concat_generations, select_rows
+from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
+                          soft_overlong_penalty, token_step_ids, top_entropy_mask)
+from grpo.types import Scored, TrainBatch
+from grpo.training.update import micro_batch_tokens
+
+
+@dataclass
+class Groups:
+    """Completions of whole groups (rows i*G .. i*G+G-1 belong to one prompt), scored."""
+
+    gen: Generation
+    prompts: list[Any]                       # [N] prompt of each row, as reward functions see it
+    columns: dict[str, list[Any]]            # [N] values of every other dataset column
+    completions: list[str]                   # [N] decoded texts (rewards get them as chat_completions)
+    per_function: torch.Tensor               # [N, R] rewards, NaN = None
+    total: torch.Tensor                      # [N] combined reward (NaN = no reward at all)
+    sample_s: float = 0.0                    # seconds spent sampling these completions
+    errors: dict[str, int] = field(default_factory=dict)  # per function: rewards zeroed after an error
+
+    def select(self, index: torch.Tensor) -> "Groups":
+        idx = index.tolist()
+        return Groups(select_rows(self.gen, index), [self.prompts[i] for i in idx],
+                      {k: [v[i] for i in idx] for k, v in self.columns.items()},
+                      [self.completions[i] for i in idx], self.per_function[index], self.total[index],
+                      self.sample_s, self.errors)
+
+
+@dataclass
+class Experience:
+    batch: TrainBatch
+    groups: Groups
+    scored: Scored
+    advantages: Advantages
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def decode_completions(tokenizer, gen: Generation) -> list[str]:
+    """Completion texts without padding and without the closing EOS token."""
+    texts = []
+    for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist()):
+        ids = [t for t, m in zip(ids, mask) if m and t != tokenizer.eos_token_id]
+        texts.append(tokenizer.decode(ids, skip_special_tokens=False))
+    return texts
+
+
+def completion_id_lists(gen: Generation) -> list[list[int]]:
+    """Each completion's token ids without padding (EOS kept), as TRL passes ``completion_ids``."""
+    return [[t for t, m in zip(ids, mask) if m]
+            for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
+
+
+def reward_columns(columns: dict[str, list], gen: Generation) -> dict[str, list]:
+    """The keyword columns of a reward call: the dataset columns plus ``completion_ids``."""
+    return {**columns, "completion_ids": completion_id_lists(gen)}
+
+
+def repeat_each(values: list, times: int) -> list:
+    """[a, b] -> [a, a, b, b] for times = 2: per-prompt values to per-completion values."""
+    return [v for v in values for _ in range(times)]
+
+
+def lengths_of(gen: Generation) -> torch.Tensor:
+    """Completion lengths in tokens (EOS included).  Shape: [N] float32."""
+    return gen.completion_mask.sum(dim=1).float()
+
+
+def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index: list[int], device) -> Groups:
+    """Sample k completions for each prompt row and score them (k = gfpo_sample_size or G).
+
+    `index`: each row's global position in the prompt order; with `train.seed` it keys the row's sampling
+    (grpo/rollout/keyed.py), so a prompt gets the same k completions on any rank and in any batch."""
+    ro, algo = cfg.rollout, cfg.algorithm
+    k = algo.gfpo_sample_size or ro.num_generations
+    prompts = tokenize_prompts(tokenizer, rows, device)                                     # [B, P]
+    t0 = time.perf_counter()
+    gen = sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
+                 max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+                 top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
+                 pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed,
+                 prompt_index=torch.tensor(index, dtype=torch.long, device=device))         # [B*k, T]
+    sample_s = time.perf_counter() - t0
+    completions = decode_completions(tokenizer, gen)
+    per_prompt = repeat_each(prompts.prompts, k)
+    columns = {name: repeat_each(values, k) for name, values in prompts.columns.items()}
+    # as TRL: by keyword, chat prompts get [{"role": "assistant", "content": text}] completions
+    scored = score(rewards, cfg.reward.weights, per_prompt, chat_completions(per_prompt, completions),
+                   reward_columns(columns, gen), on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s)
+    weights = torch.tensor(cfg.reward.weights or [1.0] * len(rewards), dtype=torch.float32,
+                           device=scored.per_function.device)                               # [R] host, as rewards
+    total = REWARD_COMBINERS[algo.reward_combination](scored.per_function, weights, k, algo.advantage_eps)
+    if algo.overlong_cache_fraction > 0:   # DAPO soft overlong punishment, added to the reward
+        cache = max(1, round(algo.overlong_cache_fraction * ro.max_new_tokens))
+        lengths = lengths_of(gen).to(total.device)                                       # [k*B] beside the rewards
+        total = total + soft_overlong_penalty(lengths, ro.max_new_tokens, cache, algo.overlong_penalty_factor)
+    groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s, scored.errors)
+    if algo.gfpo_sample_size:              # GFPO: keep G of the k samples of each prompt
+        lengths = lengths_of(gen).to(total.device)
+        groups = groups.select(gfpo_select(total, lengths, k, ro.num_generations, algo.gfpo_metric))
+    return groups
+
+
+def group_rows(group_ids: list[int], G: int) -> torch.Tensor:
+    """Row indices of whole groups.  [2, 0] with G = 2 -> [4, 5, 0, 1]."""
+    return torch.tensor([g * G + j for g in group_ids for j in range(G)], dtype=torch.long, device="cpu")
+
+
+def concat_groups(parts: list[Groups], pad_token_id: int) -> Groups:
+    return Groups(concat_generations([p.gen for p in parts], pad_token_id),
+                  [x for p in parts for x in p.prompts],
+                  {k: [x for p in parts for x in p.columns[k]] for k in parts[0].columns},
+                  [x for p in parts for x in p.completions],
+                  torch.cat([p.per_function for p in parts]), torch.cat([p.total for p in parts]))
+
+
+def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config, device) -> tuple[Groups, dict]:
+    """B scored groups; with dynamic sampling, groups whose rewards all tie are replaced by fresh ones
+    (at most `max_sampling_tries` extra rounds; short batches are topped up with tied groups)."""
+    B, G, algo = cfg.train.prompts_per_step, cfg.rollout.num_generations, cfg.algorithm
+    rows, index = stream.next_indexed(B)                   # index: global draw positions, keys of the sampling
+    first = draw_groups(model, tokenizer, rows, rewards, cfg, index, device)
+    if not algo.dynamic_sampling:
+        return first, {}
+    kept, spare, drawn, tries, sample_s = [], [], B, 0, first.sample_s
+    errors = Counter(first.errors)
+    current = first
+    while True:
+        informative = informative_groups(current.total, G).tolist()
+        good = [i for i, ok in enumerate(informative) if ok]
+        bad = [i for i, ok in enumerate(informative) if not ok]
+        if good:
+            kept.append(current.select(group_rows(good, G)))
+        if bad:
+            spare.append(current.select(group_rows(bad, G)))
+        have = sum(p.total.numel() for p in kept) // G
+        if have >= B or tries >= algo.max_sampling_tries:
+            break
+        tries += 1
+        drawn += B - have
+        rows, index = stream.next_indexed(B - have)        # fresh prompts: fresh keys
+        current = draw_groups(model, tokenizer, rows, rewards, cfg, index, device)
+        sample_s += current.sample_s
+        errors.update(current.errors)
+    informative_count = sum(p.total.numel() for p in kept) // G
+    parts = kept + spare
+    groups = concat_groups(parts, tokenizer.pad_token_id).select(torch.arange(B * G, device="cpu"))
+    groups.sample_s, groups.errors = sample_s, dict(errors)
+    return groups, {"sampling/groups_drawn": float(drawn), "sampling/extra_rounds": float(tries),
+                    "sampling/informative_groups": float(min(informative_count, B))}
+
+
+@torch.no_grad()
+def token_entropies(model, input_ids, attention_mask, T: int, temperature: float, micro_batch_size: int) -> torch.Tensor:
+    """Policy entropy at every completion token, without autograd.  Shape: [N, P + T] -> [N, T]."""
+    was_training = model.training
+    model.eval()
+    step = micro_batch_size or input_ids.shape[0]
+    try:
+        parts = [completion_logprobs(model, input_ids[s:s + step], attention_mask[s:s + step], T, temperature,
+                                     with_entropy=True)[1] for s in range(0, input_ids.shape[0], step)]
+    finally:
+        model.train(was_training)
+    return torch.cat(parts)
+
+
+def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg: Config) -> torch.Tensor:
+    """Process-supervision advantages of every completion token.  Shape: [N, T]."""
+    gen = groups.gen
+    token_texts = [[tokenizer.decode([t]) for t, m in zip(ids, mask) if m]
+                   for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
+    step_ids = token_step_ids(token_texts, cfg.reward.step_delimiter, width=gen.completion_ids.shape[1])
+    adv = process_advantages(step_rewards, step_ids, cfg.rollout.num_generations, cfg.algorithm.advantage_eps)
+    return adv.to(gen.completion_mask.device)                                  # host-side step table -> the batch
+
+
+def make_experience(model, tokenizer, stream: PromptStream, rewards, step_rewards, reference, cfg: Config,
+                    device, max_tokens: int | None = None) -> Experience:
+    """Everything one GRPO step trains on (see the module docstring for the order of stages).
+    `max_tokens`: the token budget of the reference / old-policy passes (the runtime's
+    micro_batch_tokens; None = train.micro_batch_tokens resolved for the CPU)."""
+    algo, ro, mb = cfg.algorithm, cfg.rollout, cfg.train.micro_batch_size
+    G = ro.num_generations
+    groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, device)
+    gen = groups.gen
+    input_ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)                # [N, P + T]
+    attention_mask = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)        # [N, P + T]
+    T, mask = gen.completion_ids.shape[1], gen.completion_mask.float()                 # [N, T]
+    budget = micro_batch_tokens(cfg.train.micro_batch_tokens, model) if max_tokens is None else max_tokens
+    ref = (reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget)
+           if reference is not None else None)
+    needs_old = algo.num_iterations > 1 or (algo.kl_in == "reward" and ref is not None)
+    old = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget) if needs_old else None
+    total = groups.total
+    if algo.kl_in == "reward" and ref is not None:       # PPO / REINFORCE++ style: KL leaves the loss
+        kl = KL_ESTIMATORS[algo.kl_estimator](old, ref)                                # [N, T]
+        total = kl_in_reward(total, kl, mask, algo.beta)
+        metrics["kl/reward_penalty_mean"] = float((algo.beta * (kl * mask).sum(dim=1)).mean())
+        ref = None                                       # nothing left for the loss
+    if cfg.reward.functions:
+        adv = ADVANTAGE_ESTIMATORS[algo.advantage_estimator](total, G, algo.advantage_eps, algo.scale_rewards)
+    else:
+        adv = Advantages(torch.zeros_like(total), 0, total.numel() // G)
+    values = adv.values.to(input_ids.device)                   # [N] host-side rewards -> the batch's device
+    if step_rewards:
+        steps = score_steps(step_rewards, groups.prompts, chat_completions(groups.prompts, groups.completions),
+                            reward_columns(groups.columns, gen), cfg.reward.step_delimiter, cfg.reward.timeout_s)
+        values = values.unsqueeze(1) * mask + process_token_advantages(tokenizer, groups, steps, cfg)  # [N, T]
+    if algo.overlong_filter:                             # DAPO: truncated completions leave the loss
+        mask = mask * overlong_keep(gen.truncated).unsqueeze(1)
+        metrics["completion/overlong_filtered"] = float(gen.truncated.sum())
+    if algo.top_entropy_rho < 1:                         # train on the highest-entropy tokens only
+        entropy = token_entropies(model, input_ids, attention_mask, T, ro.temperature, mb)
+        mask = top_entropy_mask(entropy, mask, algo.top_entropy_rho)
+    if algo.num_iterations == 1:
+        old = None                                       # pi_old = pi_theta.detach() in the update
+    batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref)
+    scored = Scored(names=[n for n, _ in rewards], per_function=groups.per_function, total=total, errors=groups.errors)
+    return Experience(batch, groups, scored, adv, metrics)

@@ -1,0 +1,197 @@
+"""The GRPO loop: read it top to bottom. No math here; every stage is a function of its own.
+
+    [resume: restore every state from a checkpoint] -> experience (sample, score, filter,
+    advantages) -> update (mu times) -> reference refresh -> metrics -> callbacks -> checkpoint
+
+The loop receives resolved objects (a :class:`Job`: the placed policy, its tokenizer, the prompt
+rows, the reward functions, the device runtime); grpo/api/trainer.py turns what a user gives (paths, dataset
+objects, callables, TRL keys) into one. It never asks which device it runs on (grpo/training/runtime.py) nor
+whether it is one process or many (grpo/training/world.py).
+
+Reliability (docs/reliability.md): `train.resume` continues from the newest valid checkpoint
+(grpo/state/resume.py); a first SIGINT/SIGTERM, or a callback asking to stop, finishes the step, saves and
+returns (grpo/state/signals.py); steps with a non-finite loss are skipped and `train.max_bad_steps` in a
+row stop the run without saving that state (grpo/training/guards.py). One run at a time holds output_dir (a
+lock file, grpo/state/output_dir.py), and the directory is first changed once the first step has succeeded
+(grpo.state.resume.begin_run). `fault_point` calls are a test hook (GRPO_TEST_KILL_AT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpo.training.callbacks import CallbackList
+from grpo.config import Config, TrainConfig
+from grpo.data.prompts import PromptStream, load_prompts
+from grpo.training.experience import make_experience
+from grpo.state.output_dir import OutputDirLock, prepare_output_dir
+from grpo.training.guards import BadSteps, deterministic_mode
+from grpo.state.metrics import step_metrics
+from grpo.modeling.precision import autocast, autocast_dtype
+from grpo.modeling.reference import build_reference
+from grpo.state.resume import TrainState, announce_run, begin_run, check_resumable, find_checkpoint, restore
+from grpo.training.run_checks import check_run
+from grpo.state.signals import GracefulStop, fault_point
+from grpo.types import TrainBatch
+from grpo.training.update import UpdateStats, build_optimizer, policy_update
+from grpo.training.world import init_world
+
+
+@dataclass
+class TrainResult:
+    model: torch.nn.Module
+    tokenizer: Any
+    steps: int                        # the last step done (max_steps unless stopped early)
+    output_dir: Path
+    checkpoint: Path | None           # the newest checkpoint of the run (what --resume continues)
+    wall_s: float
+    stopped_by: str | None = None     # "SIGINT" / "SIGTERM" / "callback" when the run ended early
+    signum: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)   # the last step's metrics record
+
+
+@dataclass
+class Job:
+    """Everything one run needs, resolved (grpo.api.trainer.Trainer builds it)."""
+
+    cfg: Config
+    model: torch.nn.Module            # the policy, LoRA and dtype applied, placed by the runtime
+    tokenizer: Any
+    records: Any                      # grpo.data.datasets_io.Records of the training rows, or None: the embedded task
+    rewards: list                     # [(name, fn)] outcome rewards
+    step_rewards: list                # [(name, fn)] process (step) rewards
+    runtime: Any                      # grpo.training.runtime.CpuRuntime | CudaRuntime
+    callbacks: CallbackList = field(default_factory=CallbackList)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (a resumed run then restores their saved states)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def mean_stats(stats: list[UpdateStats]) -> dict[str, float]:
+    """Average the update statistics of the mu optimizer steps of one generation batch."""
+    fields = [f.name for f in dataclasses.fields(UpdateStats)]
+    return {f: float(np.mean([float(getattr(s, f)) for s in stats])) for f in fields}
+
+
+def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, budget: int) -> UpdateStats:
+    """One optimizer update on the step's batch (the `update` test hook fires after it)."""
+    policy, hooks = world.update_target()
+    stats = policy_update(policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
+                          temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
+                          max_grad_norm=cfg.optim.max_grad_norm,
+                          norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
+                          logprob_chunk_size=cfg.train.logprob_chunk_size,
+                          gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=hooks,
+                          micro_batch_tokens=budget)
+    fault_point("update", step)
+    return stats
+
+
+def wants_checkpoint(tc: TrainConfig, step: int) -> bool:
+    """Every `save_steps` steps, and at the end with `save_final`."""
+    return bool(tc.save_steps and step % tc.save_steps == 0) or (tc.save_final and step == tc.max_steps)
+
+
+def initial_state(job: Job) -> tuple[TrainState, Any]:
+    """The training state at step 0 and the prompt set (nothing written yet)."""
+    cfg, model, tc = job.cfg, job.model, job.cfg.train
+    prompt_set = load_prompts(cfg.data, tc.seed, job.tokenizer, records=job.records)   # rendered, tokenized once
+    check_run(cfg, model, job.tokenizer, prompt_set.rows)       # vocabulary, positions, sampling: before any write
+    fixed_ref = not cfg.algorithm.ref_update_steps              # a refreshed reference keeps float32 masters
+    reference = build_reference(model, cfg.algorithm.beta,      # None when beta = 0
+                                autocast_dtype(tc.precision) if fixed_ref else None)
+    optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations)
+    state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
+                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle))
+    return state, prompt_set
+
+
+def run(job: Job) -> TrainResult:
+    """Run GRPO up to `train.max_steps` (from a checkpoint with `train.resume`); write metrics.jsonl,
+    config.yaml and checkpoints. A first SIGINT/SIGTERM, or a callback asking to stop, ends the run after
+    the current step with a checkpoint. Under torchrun the run is data-parallel (grpo/training/world.py)."""
+    world = init_world(job.cfg, job.runtime.device)
+    try:
+        out = prepare_output_dir(job.cfg.train.output_dir)     # fails before anything is written
+        with OutputDirLock(out, enabled=world.is_main):        # a second run on `out` is refused (rank 0 holds it)
+            return _run(job, world, out)
+    finally:
+        world.close()
+
+
+def _run(job: Job, world, out: Path) -> TrainResult:
+    start = time.perf_counter()
+    cfg, runtime, callbacks = job.cfg, job.runtime, job.callbacks
+    tc, algo = cfg.train, cfg.algorithm
+    with deterministic_mode(tc.deterministic):
+        seed_everything(tc.seed)
+        state, prompt_set = initial_state(job)
+        model, tokenizer = state.model, state.tokenizer
+        run_cfg = world.shard(state, cfg)                      # torchrun: this rank's share of the prompts
+        ckpt = find_checkpoint(cfg)                            # train.resume: never | auto | PATH
+        if ckpt is not None:
+            check_resumable(ckpt, cfg)
+            restore(state, ckpt, cfg)
+        world.prepare(state, cfg)
+        first = announce_run(out, cfg, ckpt) if world.is_main else (ckpt.step if ckpt else 0) + 1
+        world.barrier()
+        checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
+        budget = runtime.micro_batch_tokens(model)             # tokens per forward/backward pass
+        record: dict[str, Any] = {}
+        logger = world.logger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done, config=cfg)
+        with logger, GracefulStop() as stop:
+            for step in range(first, tc.max_steps + 1):
+                runtime.reset_memory_stats()
+                t0 = time.perf_counter()
+                with autocast(runtime.device, tc.precision):     # train.precision: forward passes only
+                    exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
+                                          state.reference, run_cfg, runtime.device, max_tokens=budget)
+                fault_point("rollout", step)
+                t1 = time.perf_counter()
+                with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
+                    stats = [update(state, exp.batch, cfg, step, world, budget) for _ in range(algo.num_iterations)]
+                world.after_update(state)                      # FSDP2: new full weights into the rollout model
+                times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
+                         "experience_s": t1 - t0}
+                if state.reference is not None and algo.ref_update_steps and step % algo.ref_update_steps == 0:
+                    state.reference.refresh(model, algo.ref_mix_alpha)   # iterative GRPO: the reference follows
+                record = {**step_metrics(step, world.view(exp), mean_stats(stats), times, prompt_set),
+                          **runtime.memory_metrics()}
+                if step == first and world.is_main:
+                    begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
+                logger.log(record)
+                asked = callbacks.step_end(step, record)       # a callback may ask the run to stop
+                fault_point("step", step)
+                done = step
+                stop_now = world.any(stop.requested or asked)
+                if bad.record(step, any(s.skipped for s in stats)):
+                    bad.check(step, checkpoint)                # raises after max_bad_steps; never saves a bad state
+                elif wants_checkpoint(tc, step) or stop_now:
+                    logger.sync()
+                    checkpoint = world.save(out, step, state, cfg)
+                    callbacks.checkpoint(checkpoint)
+                if stop_now:
+                    break
+        if tc.save_final and tc.max_steps == 0:
+            if world.is_main:
+                begin_run(out, cfg, ckpt)
+            checkpoint = world.save(out, 0, state, cfg)
+            callbacks.checkpoint(checkpoint)
+    stopped_by = stop.signal_name or ("callback" if callbacks.stop_requested and done < tc.max_steps else None)
+    result = TrainResult(model, tokenizer, done, out, checkpoint, time.perf_counter() - start, stopped_by,
+                         stop.signum, record)
+    callbacks.train_end(result)
+    return result
+

@@ -1,0 +1,176 @@
+"""The runtime of one device: where the policy lives and the tuning that only that device wants.
+
+Decided once per run, from `model.device` (auto | cpu | cuda | cuda:N; auto = CUDA when available;
+under torchrun `cuda:LOCAL_RANK`), by :func:`build_runtime`. Every device-specific choice of a run
+goes through the object it returns, so the loop and its stages stay device-neutral:
+
+=====================  ==========================================  ====================================
+                       CpuRuntime                                  CudaRuntime
+=====================  ==========================================  ====================================
+process set-up         glibc mmap threshold, torch thread count    torch.cuda.set_device
+placing the policy     oneDNN float32 linears (`model.cpu_matmul`)  ``model.to(device)``
+micro-batch tokens     auto: 2**20 / (hidden x layers), >= 256     auto: a quarter of free memory / the
+                                                                   per-token activation estimate
+attention kernel       as loaded (sdpa)                            `model.attn_implementation`
+memory metric          none (bench/memory.py measures RSS)         memory/peak_allocated_gib (per step)
+=====================  ==========================================  ====================================
+
+The CUDA runtime is written against torch's documented CUDA API but could not be run here (no GPU
+on this project's machines): docs/python-api.md says so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from grpo.config import Config, ConfigError
+from grpo.modeling.models import model_device  # noqa: F401  (also a name of this module)
+
+#: Values `model.attn_implementation` accepts (auto = sdpa, or flash_attention_2 when installed on CUDA).
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2")
+
+
+def local_rank() -> int:
+    """This process's GPU index under torchrun (LOCAL_RANK), 0 otherwise."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def resolve_device(spec: str, cuda_available: bool | None = None, rank: int | None = None) -> torch.device:
+    """`model.device` as a torch device: auto -> cuda:LOCAL_RANK when CUDA is available, else cpu;
+    cuda -> cuda:LOCAL_RANK; cuda:N and cpu as given. A CUDA device without CUDA is a ConfigError."""
+    cuda_available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    rank = local_rank() if rank is None else rank
+    spec = spec.strip().lower()
+    if spec == "auto":
+        spec = "cuda" if cuda_available else "cpu"
+    if spec == "cuda":
+        spec = f"cuda:{rank}"
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"model.device must be auto | cpu | cuda | cuda:N, got '{spec}'") from None
+    if device.type not in RUNTIMES:
+        raise ConfigError(f"model.device must be auto | cpu | cuda | cuda:N, got '{spec}'")
+    if device.type == "cuda" and not cuda_available:
+        raise ConfigError(f"model.device={spec}: CUDA is not available on this machine (torch "
+                          f"{torch.__version__}); use model.device=cpu or auto")
+    return device
+
+
+def activation_tokens(model: torch.nn.Module, budget: int) -> int:
+    """Tokens per micro-batch so that tokens x hidden_size x layers ~= `budget` (4096 without a config)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(inner, "config", None)
+    width = getattr(config, "hidden_size", 0) * getattr(config, "num_hidden_layers", 0)
+    return budget // width if width else 4096
+
+
+@dataclass
+class CpuRuntime:
+    """CPU: every CPU-only tuning of the project lives here and nowhere else."""
+
+    device: torch.device
+    cfg: Config
+
+    def prepare_process(self) -> None:
+        """Allocator threshold and thread count (process-wide)."""
+        from grpo.modeling.cpu_kernels import set_mmap_threshold
+
+        set_mmap_threshold(self.cfg.train.mmap_threshold_mb)   # freed host tensors go back to the OS
+        if self.cfg.train.num_threads:
+            torch.set_num_threads(self.cfg.train.num_threads)
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The policy on the CPU with oneDNN float32 linears where they are faster (`model.cpu_matmul`)."""
+        from grpo.modeling.cpu_kernels import use_cpu_matmul
+
+        if model_device(model) != self.device:
+            model.to(self.device)
+        use_cpu_matmul(model, self.cfg.model.cpu_matmul)
+        return model
+
+    def micro_batch_tokens(self, model: torch.nn.Module) -> int:
+        """`train.micro_batch_tokens` (0 = auto: grpo.training.update.auto_micro_batch_tokens, the CPU heuristic)."""
+        from grpo.training.update import micro_batch_tokens
+
+        return micro_batch_tokens(self.cfg.train.micro_batch_tokens, model)
+
+    def reset_memory_stats(self) -> None:
+        pass
+
+    def memory_metrics(self) -> dict[str, float]:
+        """None on CPU: the process's peak RSS is not a per-step quantity (bench/memory.py measures it)."""
+        return {}
+
+
+@dataclass
+class CudaRuntime:
+    """One CUDA device: the policy, the reference and every tensor of the step on it. Not run here (no GPU)."""
+
+    device: torch.device
+    cfg: Config
+
+    def prepare_process(self) -> None:
+        torch.cuda.set_device(self.device)
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        model.to(self.device)
+        return model
+
+    def micro_batch_tokens(self, model: torch.nn.Module) -> int:
+        """`train.micro_batch_tokens`; 0 = auto: a quarter of the free device memory divided by the activation
+        estimate of grpo.training.update.auto_micro_batch_tokens (36 x hidden x layers values per token, 2 or 4 bytes)."""
+        configured = self.cfg.train.micro_batch_tokens
+        if configured != 0:
+            return configured
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_value = 2 if getattr(self.cfg.train, "precision", "fp32") in ("bf16", "fp16") else 4
+        return max(1024, activation_tokens(model, free // 4 // (36 * per_value)))
+
+    def reset_memory_stats(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Peak memory allocated by tensors during the step, in GiB."""
+        return {"memory/peak_allocated_gib": torch.cuda.max_memory_allocated(self.device) / 2 ** 30}
+
+
+RUNTIMES = {"cpu": CpuRuntime, "cuda": CudaRuntime}
+
+
+def build_runtime(cfg: Config, model: torch.nn.Module | None = None) -> CpuRuntime | CudaRuntime:
+    """The runtime of `model.device` (see the module docstring)."""
+    device = resolve_device(cfg.model.device)
+    return RUNTIMES[device.type](device, cfg)
+
+
+def attn_implementation(spec: str, device: torch.device) -> str | None:
+    """The attention kernel to load a model with: None = the library's choice (sdpa) for `auto` off CUDA;
+    flash_attention_2 for `auto` on CUDA when the package is installed; otherwise as configured."""
+    if spec not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"model.attn_implementation must be one of {' | '.join(ATTN_IMPLEMENTATIONS)}, got '{spec}'")
+    if spec != "auto":
+        return spec
+    if device.type == "cuda":
+        from transformers.utils import is_flash_attn_2_available
+
+        return "flash_attention_2" if is_flash_attn_2_available() else "sdpa"
+    return None
+
+
+def set_attn_implementation(model: torch.nn.Module, spec: str, device: torch.device) -> None:
+    """Switch a loaded model's attention kernel (`model.attn_implementation`); no-op for `auto` off CUDA."""
+    chosen = attn_implementation(spec, device)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if chosen is None or getattr(getattr(inner, "config", None), "_attn_implementation", None) == chosen:
+        return
+    if not hasattr(inner, "set_attn_implementation"):
+        raise ConfigError(f"model.attn_implementation={spec}: {type(inner).__name__} cannot switch its attention kernel")
+    try:
+        inner.set_attn_implementation(chosen)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"model.attn_implementation={chosen}: {str(e).strip().splitlines()[0]}") from None
+

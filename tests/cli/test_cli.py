@@ -1,0 +1,73 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpo.cli.main import main, parse_overrides
+from grpo.modeling.models import build_model, build_tokenizer, load_policy
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("micro")
+    tok = build_tokenizer()
+    build_model(tok, "micro", seed=0).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_parse_overrides():
+    assert parse_overrides(["--algorithm.beta", "0", "--reward.functions=[a, b]", "--train.output_dir", "x/y"]) == {
+        "algorithm.beta": 0, "reward.functions": ["a", "b"], "train.output_dir": "x/y"}
+
+
+def test_train_two_steps_through_the_cli(micro_dir, tmp_path):
+    reward_file = tmp_path / "r.py"
+    # a reward that varies within every group, so advantages (and gradients) are non-zero
+    reward_file.write_text("def digits(prompts, completions, **kw):\n"
+                           "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    out = tmp_path / "run"
+    code = main(["train", "--model", str(micro_dir), "--reward", f"{reward_file}:digits", "--reward", "format",
+                 "--output-dir", str(out), "--max-steps", "2", "--seed", "1",
+                 "--train.prompts_per_step", "2", "--rollout.num_generations", "4", "--rollout.max_new_tokens", "8",
+                 "--optim.lr", "1e-2", "--data.num_train_prompts", "50", "--log.progress_bar", "false"])
+    assert code == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("reward/total/mean", "reward/digits/mean", "reward/format/std", "completion/length_mean",
+                "completion/truncated_frac", "advantages/zero_std_frac", "policy/clip_frac", "kl/mean",
+                "policy/entropy", "loss/policy", "optim/grad_norm", "optim/lr", "time/step_s", "rollout/tokens_per_s"):
+        assert key in records[0], key
+    assert records[0]["optim/grad_norm"] > 0
+    before, _ = load_policy(micro_dir)
+    after, _ = load_policy(out / "checkpoint-2")
+    changed = [not torch.equal(a, b) for a, b in zip(before.parameters(), after.parameters())]
+    assert all(changed)
+    assert (out / "config.yaml").read_text().count("digits") == 1
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--algorithm.betta", "0.1"], "unknown config key 'algorithm.betta'; valid keys: model.path"),
+    (["train", "--rollout.num_generations", "1"], "rollout.num_generations must be >= 2"),
+    (["train", "--config", "/nonexistent.yaml"], "config file not found: /nonexistent.yaml"),
+    (["train", "--model", "/nonexistent-model", "--max-steps", "1"], "policy directory not found: /nonexistent-model"),
+    (["train", "--reward", "nope.py:f", "--max-steps", "1"], "reward file not found: nope.py"),
+    (["train", "stray"], "unrecognised argument 'stray'"),
+])
+def test_bad_input_is_one_line_exit_2(argv, message, capsys, tmp_path):
+    code = main(argv + ["--output-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_help_config_lists_keys(capsys):
+    assert main(["train", "--help-config"]) == 0
+    assert "algorithm.beta" in capsys.readouterr().out
+
+
+def test_module_entry_point_help():
+    out = subprocess.run([sys.executable, "-m", "grpo", "train", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--section.key" in out.stdout

@@ -1,0 +1,34 @@
+import json
+
+import pytest
+
+from grpo.cli.demo import run_demo
+
+
+def test_demo_writes_summary_metrics_and_curves(tmp_path):
+    summary = run_demo(tmp_path / "demo", steps=2, eval_problems=16,
+                       overrides={"log.progress_bar": False, "train.prompts_per_step": 2})
+    on_disk = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert on_disk["steps"] == 2 and on_disk["before"]["accuracy"] == summary["before"]["accuracy"]
+    assert set(on_disk) >= {"before", "after", "steps", "wall_s"}
+    assert 0.0 <= on_disk["after"]["accuracy"] <= 1.0 and on_disk["wall_s"] > 0
+    assert len((tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "demo" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_demo_learns(tmp_path):
+    """End to end: GRPO raises greedy held-out accuracy by >= 15 points (the demo's promise)."""
+    summary = run_demo(tmp_path / "demo", overrides={"log.progress_bar": False})
+    gain = summary["after"]["accuracy"] - summary["before"]["accuracy"]
+    assert gain >= 0.15, summary
+
+
+@pytest.mark.slow
+def test_demo_learns_in_bf16(tmp_path):
+    """train.precision bf16 (autocast, float32 master weights) still learns: >= 15 points of held-out
+    accuracy after a shortened demo (60 steps, 128 problems, ~30 s; measured +69.5 points)."""
+    summary = run_demo(tmp_path / "demo", steps=60, eval_problems=128,
+                       overrides={"log.progress_bar": False, "train.precision": "bf16"})
+    gain = summary["after"]["accuracy"] - summary["before"]["accuracy"]
+    assert gain >= 0.15, summary

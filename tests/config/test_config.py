@@ -1,0 +1,105 @@
+import pytest
+
+from grpo.config import Config, ConfigError, build_config, field_help, load_yaml, valid_keys
+
+
+def test_defaults_are_deepseekmath_grpo():
+    cfg = build_config()
+    assert cfg == Config()
+    assert (cfg.algorithm.beta, cfg.algorithm.epsilon, cfg.algorithm.kl_estimator) == (0.04, 0.2, "k3")
+    assert cfg.algorithm.loss_agg_mode == "seq-mean-token-mean"
+
+
+def test_yaml_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  num_generations: 4\nalgorithm:\n  beta: 0.1\n")
+    cfg = build_config(load_yaml(f), {"algorithm.beta": 0, "optim.lr": "1e-5"})
+    assert cfg.rollout.num_generations == 4
+    assert cfg.algorithm.beta == 0.0 and isinstance(cfg.algorithm.beta, float)
+    assert cfg.optim.lr == 1e-5
+
+
+def test_unknown_key_lists_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        build_config(overrides={"algorithm.betta": 0.1})
+    assert "algorithm.betta" in str(e.value) and "algorithm.beta" in str(e.value)
+    with pytest.raises(ConfigError, match="unknown config key 'optimizer'"):
+        build_config({"optimizer": {"lr": 1}})
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("rollout.num_generations", 1, "num_generations must be >= 2"),
+    ("rollout.num_generations", "eight", "expects an integer"),
+    ("algorithm.beta", -0.1, "beta must be >= 0"),
+    ("algorithm.beta", True, "expects a number"),
+    ("algorithm.kl_estimator", "k9", "kl_estimator must be one of"),
+    ("algorithm.loss_agg_mode", "mean", "loss_agg_mode must be one of"),
+    ("log.progress_bar", "yes", "expects true/false"),
+    ("train.max_steps", 2.5, "expects an integer"),
+    ("reward.weights", [1.0, 2.0, 3.0], "one weight per entry"),
+    ("rollout.top_p", 0.0, "top_p must be in"),
+])
+def test_bad_values_name_the_key(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(overrides={key: value})
+
+
+def test_yaml_errors_name_the_file_and_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("rollout:\n  num_generations: [1,\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: invalid YAML"):
+        load_yaml(f)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_yaml(tmp_path / "missing.yaml")
+
+
+def test_every_key_has_help():
+    rows = field_help()
+    assert [k for k, _, _ in rows] == valid_keys()
+    assert all(h for _, _, h in rows)
+
+
+@pytest.mark.parametrize("flat,message", [
+    ({"optim.lr": float("inf")}, "config key 'optim.lr' must be a finite number, got inf"),
+    ({"optim.lr": "inf"}, "config key 'optim.lr' must be a finite number, got inf"),      # the command line's text
+    ({"optim.lr": float("nan")}, "config key 'optim.lr' must be a finite number, got nan"),
+    ({"reward.functions": ["accuracy", "format"], "reward.weights": [1.0, float("nan")]},
+     "config key 'reward.weights' must be a finite number, got nan"),
+    ({"algorithm.beta": float("inf")}, "config key 'algorithm.beta' must be a finite number, got inf"),
+    ({"optim.adam_beta2": 1.0}, "optim.adam_beta1 and optim.adam_beta2 must be in [0, 1)"),
+    ({"optim.weight_decay": -0.1}, "optim.weight_decay must be >= 0"),
+])
+def test_numbers_that_pass_as_floats_but_mean_nothing_name_the_key(flat, message):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides=flat)
+    assert str(info.value) == message
+
+
+def test_a_config_object_with_an_infinite_lr_or_weight_is_rejected_by_validate():
+    import dataclasses
+
+    from grpo.config.checks import validate
+
+    cfg = Config()
+    with pytest.raises(ConfigError, match="optim.lr must be a finite number > 0, got inf"):
+        validate(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=float("inf"))))
+    with pytest.raises(ConfigError, match=r"reward.weights must be finite numbers, got \[1.0, nan\]"):
+        validate(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, weights=[1.0, float("nan")])))
+
+
+@pytest.mark.parametrize("name,why", [
+    ("../metrics.jsonl", " (no directories, no '..')"),
+    ("/tmp/metrics.jsonl", " (no directories, no '..')"),
+    ("logs/metrics.jsonl", " (no directories, no '..')"),
+    ("..", " (no directories, no '..')"),
+    ("checkpoint-5", ": the run writes that name itself"),
+    (".checkpoint-5.tmp", ": the run writes that name itself"),
+    ("config.yaml", ": the run writes that name itself"),
+    (".grpo.lock", ": the run writes that name itself"),
+])
+def test_metrics_file_must_be_a_plain_file_name_inside_output_dir(name, why):
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides={"log.metrics_file": name})
+    assert str(info.value).startswith(f"log.metrics_file must be a plain file name inside train.output_dir, "
+                                      f"got '{name}'{why}")
+    assert build_config(overrides={"log.metrics_file": "train-metrics.jsonl"}).log.metrics_file == "train-metrics.jsonl"

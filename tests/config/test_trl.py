@@ -1,0 +1,126 @@
+"""TRL GRPOConfig keys resolve to the same config as our own keys (table-driven over every mapped key)."""
+
+import pytest
+
+from grpo.config import ConfigError, build_config
+from grpo.api.inputs import resolve_config
+from grpo.config.trl import ALL_KEYS, TRL_KEYS, from_trl
+
+#: (TRL keys, our keys that must give the same Config). Every key of TRL_KEYS appears at least once.
+CASES = [
+    ({"learning_rate": 3e-6}, {"optim.lr": 3e-6}),
+    ({"weight_decay": 0.1}, {"optim.weight_decay": 0.1}),
+    ({"adam_beta1": 0.8}, {"optim.adam_beta1": 0.8}),
+    ({"adam_beta2": 0.95}, {"optim.adam_beta2": 0.95}),
+    ({"max_grad_norm": 0.5}, {"optim.max_grad_norm": 0.5}),
+    ({"warmup_steps": 7}, {"optim.warmup_steps": 7}),
+    ({"lr_scheduler_type": "cosine"}, {"optim.lr_scheduler": "cosine"}),
+    ({"lr_scheduler_type": "constant_with_warmup"}, {"optim.lr_scheduler": "constant"}),
+    ({"num_generations": 16}, {"rollout.num_generations": 16}),
+    ({"max_completion_length": 256}, {"rollout.max_new_tokens": 256}),
+    ({"temperature": 0.7}, {"rollout.temperature": 0.7}),
+    ({"top_p": 0.9}, {"rollout.top_p": 0.9}),
+    ({"top_k": 50}, {"rollout.top_k": 50}),
+    ({"top_k": None}, {"rollout.top_k": 0}),
+    ({"max_prompt_length": 512}, {"data.max_prompt_length": 512}),
+    ({"max_prompt_length": None}, {"data.max_prompt_length": 0}),
+    ({"shuffle_dataset": False}, {"data.shuffle": False}),
+    ({"beta": 0.0}, {"algorithm.beta": 0.0}),
+    ({"epsilon": 0.1}, {"algorithm.epsilon": 0.1}),
+    ({"epsilon_high": 0.28}, {"algorithm.epsilon_high": 0.28}),
+    ({"loss_type": "grpo"}, {"algorithm.loss_agg_mode": "seq-mean-token-mean"}),
+    ({"loss_type": "dapo"}, {"algorithm.loss_agg_mode": "token-mean"}),
+    ({"loss_type": "bnpo"}, {"algorithm.loss_agg_mode": "token-mean"}),
+    ({"loss_type": "dr_grpo"}, {"algorithm.loss_agg_mode": "seq-mean-token-sum-norm"}),
+    ({"scale_rewards": False}, {"algorithm.scale_rewards": "none"}),
+    ({"scale_rewards": True}, {"algorithm.scale_rewards": "group"}),
+    ({"scale_rewards": "batch"}, {"algorithm.scale_rewards": "batch"}),
+    ({"importance_sampling_level": "sequence"}, {"algorithm.importance_sampling_level": "sequence"}),
+    ({"num_iterations": 2}, {"algorithm.num_iterations": 2}),
+    ({"mask_truncated_completions": True}, {"algorithm.overlong_filter": True}),
+    ({"top_entropy_quantile": 0.2}, {"algorithm.top_entropy_rho": 0.2}),
+    ({"reward_weights": [1.0, 0.5]}, {"reward.weights": [1.0, 0.5]}),
+    ({"max_steps": 12}, {"train.max_steps": 12}),
+    ({"seed": 42}, {"train.seed": 42}),
+    ({"output_dir": "out/x"}, {"train.output_dir": "out/x"}),
+    ({"save_steps": 50}, {"train.save_steps": 50}),
+    ({"save_total_limit": 3}, {"train.save_total_limit": 3}),
+    ({"save_total_limit": None}, {"train.save_total_limit": 0}),
+    ({"gradient_checkpointing": True}, {"train.gradient_checkpointing": True}),
+    ({"disable_tqdm": True}, {"log.progress_bar": False}),
+    ({"report_to": "tensorboard"}, {"log.report_to": ["tensorboard"]}),
+    ({"report_to": "none"}, {"log.report_to": []}),
+    ({"run_name": "exp1"}, {"log.run_name": "exp1"}),
+    # combined keys: 8 completions per device x 4 accumulation steps / 16 per group = 2 prompts per step
+    ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "num_generations": 16},
+     {"train.micro_batch_size": 8, "train.prompts_per_step": 2, "rollout.num_generations": 16}),
+    ({"per_device_train_batch_size": 16}, {"train.micro_batch_size": 16, "train.prompts_per_step": 2}),
+    ({"sync_ref_model": True, "ref_model_sync_steps": 64, "ref_model_mixup_alpha": 0.9},
+     {"algorithm.ref_update_steps": 64, "algorithm.ref_mix_alpha": 0.9}),
+    ({"sync_ref_model": True}, {"algorithm.ref_update_steps": 512, "algorithm.ref_mix_alpha": 0.6}),
+    ({"sync_ref_model": False, "ref_model_sync_steps": 64}, {}),
+]
+
+
+@pytest.mark.parametrize("trl, ours", CASES, ids=[",".join(t) for t, _ in CASES])
+def test_trl_keys_resolve_to_our_keys(trl, ours):
+    if "reward.weights" in ours:             # weights need as many reward functions
+        ours = {**ours, "reward.functions": ["accuracy", "format"]}
+        trl = {**trl, "reward.functions": ["accuracy", "format"]}
+    assert resolve_config(trl) == build_config(overrides=ours)
+
+
+def test_every_mapped_key_is_in_the_table():
+    covered = {k for trl, _ in CASES for k in trl}
+    assert set(TRL_KEYS) <= covered
+    assert ALL_KEYS - {"bf16", "fp16", "report_to", "run_name"} <= covered
+
+
+def test_mapping_lines_name_both_keys():
+    overrides, lines = from_trl({"learning_rate": 1e-6, "per_device_train_batch_size": 8,
+                                 "gradient_accumulation_steps": 2, "num_generations": 8})
+    assert overrides == {"optim.lr": 1e-6, "rollout.num_generations": 8, "train.micro_batch_size": 8,
+                         "train.prompts_per_step": 2}
+    assert "learning_rate -> optim.lr" in lines
+    assert "per_device_train_batch_size, gradient_accumulation_steps -> train.micro_batch_size, " \
+           "train.prompts_per_step" in lines
+
+
+def test_world_size_counts_in_the_prompts_per_step():
+    overrides, _ = from_trl({"per_device_train_batch_size": 8, "num_generations": 8}, world_size=4)
+    assert overrides["train.prompts_per_step"] == 4
+
+
+def test_our_keys_win_over_trl_keys_in_one_dict():
+    cfg = resolve_config({"learning_rate": 1e-6, "optim.lr": 2e-6})
+    assert cfg.optim.lr == 2e-6
+
+
+@pytest.mark.parametrize("trl, message", [
+    ({"logging_steps": 10}, "TRL key 'logging_steps' has no equivalent"),
+    ({"use_vllm": True}, "TRL key 'use_vllm' has no equivalent"),
+    ({"loss_type": "cispo"}, "TRL key 'loss_type': 'cispo' has no equivalent"),
+    ({"lr_scheduler_type": "polynomial"}, "TRL key 'lr_scheduler_type': 'polynomial'"),
+    ({"per_device_train_batch_size": 6, "num_generations": 4}, "not divisible by num_generations=4"),
+    ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true"),
+])
+def test_keys_without_an_equivalent_are_errors_naming_them(trl, message):
+    with pytest.raises(ConfigError, match=message):
+        from_trl(trl)
+
+
+def test_a_dataclass_config_object_maps_the_fields_the_user_set():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class GRPOConfig:                        # stands in for TRL's (a dataclass: TrainingArguments)
+        output_dir: str = "trainer_output"
+        learning_rate: float = 1e-6
+        beta: float = 0.0
+        num_generations: int = 8
+        logging_steps: int = 10
+
+    cfg = resolve_config(GRPOConfig(output_dir="runs/x", learning_rate=5e-6))
+    assert cfg == build_config(overrides={"train.output_dir": "runs/x", "optim.lr": 5e-6})
+    with pytest.raises(ConfigError, match="TRL key 'logging_steps' has no equivalent"):
+        resolve_config(GRPOConfig(logging_steps=1))

@@ -1,0 +1,138 @@
+"""grpo/modeling/cpu_kernels.py: oneDNN float32 linears equal the float64 formula, in values and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo.modeling import cpu_kernels as kernels
+from grpo.modeling.cpu_kernels import DnnLinear, linear, should_switch, use_cpu_matmul
+
+pytestmark = pytest.mark.skipif(not kernels.onednn_works(), reason="this torch build has no oneDNN linear")
+
+
+def tensors(bias: bool = True):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 24, generator=g, requires_grad=True)             # [..., K]
+    w = torch.randn(16, 24, generator=g, requires_grad=True)                # [N, K]
+    b = torch.randn(16, generator=g, requires_grad=True) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_values_and_gradients_equal_float64(bias):
+    x, w, b = tensors(bias)
+    upstream = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(1))
+    y = linear(x, w, b)
+    (y * upstream).sum().backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_() if bias else None
+    y64 = x64 @ w64.T + (b64 if bias else 0)                                 # the formula, in float64
+    (y64 * upstream.double()).sum().backward()
+    assert y.shape == (3, 5, 16)
+    assert torch.allclose(y.double(), y64, atol=1e-5)
+    assert torch.allclose(x.grad.double(), x64.grad, atol=1e-5)              # dX = dY W
+    assert torch.allclose(w.grad.double(), w64.grad, atol=1e-4)              # dW = dY^T X
+    if bias:
+        assert torch.allclose(b.grad.double(), b64.grad, atol=1e-5)          # db = sum dY
+
+
+def test_padded_rows_bounds_shapes_and_waste():
+    assert [kernels.padded_rows(m) for m in (1, 16, 17, 129, 256, 257, 1000, 1025, 5504)] == \
+        [16, 16, 32, 144, 256, 288, 1024, 1152, 5632]
+    for m in range(1, 5000):
+        p = kernels.padded_rows(m)
+        assert m <= p <= max(m + 15, m * 9 // 8 + 1)
+    assert len({kernels.padded_rows(m) for m in range(1025, 2049)}) == 8        # 8 row counts per octave
+
+
+@pytest.mark.parametrize("rows", [17, 300])
+def test_padded_gemms_equal_float64_with_and_without_graph(rows):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, 24, generator=g, requires_grad=True)              # rows not a multiple of 16
+    w, b = torch.randn(16, 24, generator=g, requires_grad=True), torch.randn(16, generator=g)
+    upstream = torch.randn(rows, 16, generator=g)
+    y = linear(x, w, b)
+    (y * upstream).sum().backward()
+    x64, w64 = x.detach().double(), w.detach().double()
+    with torch.no_grad():
+        assert torch.allclose(linear(x, w, b).double(), x64 @ w64.T + b.double(), atol=1e-5)
+    assert y.shape == (rows, 16) and torch.allclose(y.double(), x64 @ w64.T + b.double(), atol=1e-5)
+    assert torch.allclose(x.grad.double(), upstream.double() @ w64, atol=1e-5)          # dX = dY W
+    assert torch.allclose(w.grad.double(), upstream.double().T @ x64, atol=1e-4)        # dW = dY^T X
+
+
+def test_frozen_weight_gets_no_gradient():
+    x, w, b = tensors()
+    w.requires_grad_(False)
+    linear(x, w, b).sum().backward()
+    assert w.grad is None and x.grad is not None and b.grad is not None
+
+
+def test_ineligible_inputs_take_f_linear_exactly():
+    x, w, b = (t.detach().double() for t in tensors())
+    assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_takes_f_linear_so_the_product_is_cast(dtype):
+    """Under CPU autocast (train.precision bf16 / fp16) oneDNN's float32 call would bypass the cast:
+    linear() must give exactly autocast's F.linear, with float32 gradients for the float32 weights."""
+    x, w, b = tensors()
+    with torch.autocast("cpu", dtype=dtype):
+        y = linear(x, w, b)
+        expected = F.linear(x, w, b)
+    assert y.dtype is dtype and torch.equal(y, expected)
+    assert (y.float() - F.linear(x, w, b)).abs().max() > 0                   # not the float32 product
+    y.float().sum().backward()
+    assert w.grad.dtype is torch.float32 and x.grad.dtype is torch.float32
+    assert torch.allclose(w.grad, torch.ones(3 * 5, 16).T @ x.detach().reshape(-1, 24), rtol=2e-2, atol=2e-2)
+
+
+def test_switching_a_model_keeps_its_outputs_and_training_step():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    plain = Qwen2ForCausalLM(cfg)
+    fast = copy.deepcopy(plain)
+    n = use_cpu_matmul(fast, "onednn")
+    assert n == 2 * 7 + 1                                                    # q k v o gate up down per layer + head
+    assert all(type(m) is DnnLinear for m in fast.modules() if isinstance(m, torch.nn.Linear))
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    ids = torch.randint(0, 50, (2, 9))
+    for model in (plain, fast):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        model.logits = out.logits
+    assert torch.allclose(plain.logits, fast.logits, atol=1e-5)
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name                        # same SGD step
+    assert use_cpu_matmul(fast, "aten") == 0                                 # and back
+    assert not any(type(m) is DnnLinear for m in fast.modules())
+
+
+def test_modes():
+    assert should_switch("onednn") and not should_switch("aten")
+    assert isinstance(should_switch("auto"), bool)
+    assert not should_switch("auto", width=128)                              # narrow models stay on aten
+    with pytest.raises(ValueError, match="model.cpu_matmul"):
+        should_switch("mkl")
+
+
+def test_mmap_threshold_is_left_alone_when_off_or_user_set(monkeypatch):
+    from grpo.modeling.cpu_kernels import set_mmap_threshold
+
+    assert set_mmap_threshold(0) is False
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert set_mmap_threshold(1) is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    import ctypes.util
+    if ctypes.util.find_library("c") and "libc.so.6" in (ctypes.util.find_library("c") or ""):
+        assert set_mmap_threshold(1) is True                                  # glibc accepts it

@@ -1,0 +1,71 @@
+"""The runtime per device: device resolution, CPU-only tuning on CPU only, the CUDA runtime's choices."""
+
+import pytest
+import torch
+
+from grpo.config import ConfigError, build_config
+from grpo.modeling.models import build_model, build_tokenizer
+from grpo.training.runtime import (CpuRuntime, CudaRuntime, activation_tokens, attn_implementation, build_runtime,
+                          resolve_device, set_attn_implementation)
+
+
+@pytest.mark.parametrize("spec, cuda, rank, expected", [
+    ("auto", False, 0, "cpu"),
+    ("auto", True, 0, "cuda:0"),
+    ("auto", True, 3, "cuda:3"),        # torchrun: LOCAL_RANK picks the GPU
+    ("cuda", True, 1, "cuda:1"),
+    ("cuda:2", True, 0, "cuda:2"),
+    ("cpu", True, 1, "cpu"),
+    (" CPU ", False, 0, "cpu"),
+])
+def test_resolve_device(spec, cuda, rank, expected):
+    assert resolve_device(spec, cuda_available=cuda, rank=rank) == torch.device(expected)
+
+
+def test_cuda_without_cuda_and_bad_names_are_config_errors():
+    with pytest.raises(ConfigError, match="model.device=cuda:0: CUDA is not available"):
+        resolve_device("cuda", cuda_available=False, rank=0)
+    with pytest.raises(ConfigError, match="model.device must be"):
+        resolve_device("tpu", cuda_available=False, rank=0)
+    with pytest.raises(ConfigError, match="model.device must be"):
+        build_config(overrides={"model.device": "gpu"})
+
+
+def test_this_machine_builds_the_cpu_runtime():
+    runtime = build_runtime(build_config())
+    assert isinstance(runtime, CpuRuntime) and runtime.device == torch.device("cpu")
+
+
+def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
+    import grpo.modeling.cpu_kernels as kernels
+
+    tok = build_tokenizer()
+    cfg = build_config(overrides={"model.cpu_matmul": "onednn", "train.num_threads": 1,
+                                  "train.micro_batch_tokens": 0})
+    calls = []
+    monkeypatch.setattr(kernels, "set_mmap_threshold", lambda mb: calls.append(("mmap", mb)))
+    cpu = CpuRuntime(torch.device("cpu"), cfg)
+    cpu.prepare_process()
+    model = cpu.place(build_model(tok, "micro"))
+    assert ("mmap", 1) in calls and torch.get_num_threads() == 1
+    if kernels.onednn_works():
+        assert any(type(m) is kernels.DnnLinear for m in model.modules())
+    assert cpu.micro_batch_tokens(model) == max(256, 2 ** 20 // (32 * 2))   # the CPU heuristic, with its floor
+    # the CUDA runtime never calls the CPU tuning (its methods are checked without a GPU where possible)
+    calls.clear()
+    cuda = CudaRuntime(torch.device("cuda", 0), cfg)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (8 * 2 ** 30, 16 * 2 ** 30))
+    assert cuda.micro_batch_tokens(model) == max(1024, activation_tokens(model, 8 * 2 ** 30 // 4 // (36 * 4)))
+    assert calls == []
+    explicit = CudaRuntime(torch.device("cuda", 0), build_config(overrides={"train.micro_batch_tokens": 4096}))
+    assert explicit.micro_batch_tokens(model) == 4096
+
+
+def test_attention_kernel_choice():
+    assert attn_implementation("auto", torch.device("cpu")) is None        # the library's default (sdpa)
+    assert attn_implementation("eager", torch.device("cpu")) == "eager"
+    with pytest.raises(ConfigError, match="model.attn_implementation"):
+        attn_implementation("flash", torch.device("cpu"))
+    model = build_model(build_tokenizer(), "micro")
+    set_attn_implementation(model, "eager", torch.device("cpu"))
+    assert model.config._attn_implementation == "eager"
