@@ -20,7 +20,6 @@ class PromptBatch:
     prompt_ids: torch.Tensor           # [B, P] long, left-padded
     prompt_mask: torch.Tensor          # [B, P] long, 1 on real tokens
     columns: dict[str, list[Any]] = field(default_factory=dict)  # every other column, B values each
-    conversational: bool = False       # prompts are chat-message lists (chat-template prompt + completion)
 
 
 @dataclass

@@ -114,17 +114,6 @@ def policy_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_low:
     return Surrogate(torch.where(is_dual, cap, loss), is_clipped & ~is_dual, is_dual)
 
 
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      eps_low: float, eps_high: float,
-                      clip_ratio_c: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``policy_surrogate`` with the per-token ratio exp(logp - old_logp).
-
-    Shape:
-        logp, old_logp: [n, T]; advantages: [n] or [n, T]  ->  loss: [n, T], clipped: [n, T] bool
-    """
-    s = policy_surrogate(logp - old_logp, advantages, eps_low, eps_high, clip_ratio_c)
-    return s.loss, s.clipped
-
 # ---------------------------------------------------------------- aggregation
 # Each mode splits the loss into a per-micro-batch numerator and a normaliser computed once over
 # the whole optimizer step, so accumulating micro-batches gives exactly the full-batch loss.
@@ -158,10 +147,6 @@ AGGREGATIONS: dict[str, Aggregation] = {
     "seq-mean-token-sum-norm": Aggregation(_token_sum, lambda mask, L: float(mask.shape[0] * L)),
 }
 
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask` is 1 (0 when the mask is empty).  Shape: [...] -> []."""
-    return (values * mask).sum() / mask.sum().clamp(min=1)
 
 # ---------------------------------------------------------------- the full objective
 

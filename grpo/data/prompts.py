@@ -243,4 +243,4 @@ def tokenize_prompts(tokenizer, rows: list[dict[str, Any]], device: torch.device
     ids, mask = left_pad(seqs, pad_id)
     columns = {k: [r.get(k) for r in rows] for k in sorted({k for r in rows for k in r} - {"prompt", IDS_KEY})}
     return PromptBatch(prompts=prompts, prompt_ids=ids.to(device), prompt_mask=mask.to(device),   # [B, P]
-                       columns=columns, conversational=any(isinstance(p, list) for p in prompts))
+                       columns=columns)

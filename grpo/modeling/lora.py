@@ -17,9 +17,7 @@ saved, and :func:`grpo.state.export.export_merged` loads the base model from it.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import sys
 
@@ -88,20 +86,6 @@ def base_model_path(model: PeftModel) -> str | None:
     """The base model directory an adapter of ``model`` would record (``None`` when unknown)."""
     recorded = model.peft_config[model.active_adapter].base_model_name_or_path
     return recorded or model.get_base_model().__dict__.get("name_or_path") or None
-
-
-@contextmanager
-def reference_context(model: PeftModel) -> Iterator[PeftModel]:
-    """Inside the block ``model`` computes the reference policy: the base model, adapters disabled.
-
-    Yields ``model`` itself; adapters are re-enabled on exit (also on error).  Use it around a
-    no-grad log-prob pass.  Raises ``TypeError`` for a model without adapters (its reference
-    must be a frozen copy instead).
-    """
-    if not is_lora(model):
-        raise TypeError("reference_context needs a LoRA (peft) model; use a frozen copy as reference otherwise")
-    with model.disable_adapter():
-        yield model
 
 
 def trainable_parameter_names(model: torch.nn.Module) -> list[str]:

@@ -49,11 +49,6 @@ def world_size() -> int:
     return dist.get_world_size() if is_dist() else 1
 
 
-def is_main() -> bool:
-    """True on rank 0 (and in a single process): the rank that writes files and logs."""
-    return rank() == 0
-
-
 def barrier() -> None:
     if is_dist():
         dist.barrier()

@@ -12,6 +12,7 @@ Run ``python -m grpo.training.sft --help`` for the command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -21,7 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from grpo.modeling.models import build_model, build_tokenizer
+from grpo.algorithms.schedule import lr_factor
 from grpo.data.tasks import arithmetic
+from grpo.training.evaluate import generate_texts
 
 IGNORE_INDEX = -100
 
@@ -86,15 +89,9 @@ def sft_step_loss(model, tokenizer, prompts: list[str], completions: list[str]) 
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float = 0.1):
-    """Linear warmup then cosine decay to ``min_ratio`` of the peak rate."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
+    """Linear warmup then cosine decay to ``min_ratio`` of the peak rate (grpo.algorithms.schedule)."""
+    return functools.partial(lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, kind="cosine",
+                             min_ratio=min_ratio)
 
 
 def run_sft(
@@ -175,33 +172,6 @@ def run_sft(
 # --------------------------------------------------------------------------- evaluation
 
 
-@torch.no_grad()
-def generate_completions(
-    model, tokenizer, prompts: list[str], *, do_sample: bool, temperature: float = 1.0,
-    max_new_tokens: int = 40, batch_size: int = 128, seed: int | None = None,
-) -> list[str]:
-    """Decode completions for ``prompts`` with ``model.generate`` on left-padded batches."""
-    if seed is not None:
-        torch.manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    tokenizer.padding_side = "left"
-    device = next(model.parameters()).device
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
-    outputs: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = {k: v.to(device) for k, v in enc.items()}
-        generated = model.generate(
-            **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, **sampling,
-        )
-        new_tokens = generated[:, enc["input_ids"].shape[1] :]
-        outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
-    model.train(was_training)
-    return outputs
-
-
 def score_completions(completions: list[str], answers: list[str]) -> dict:
     """Accuracy, format rate, worked share and per-style accuracy of ``completions``."""
     correct = [arithmetic.is_correct(c, a) for c, a in zip(completions, answers)]
@@ -224,9 +194,7 @@ def score_completions(completions: list[str], answers: list[str]) -> dict:
 
 def evaluate_greedy(model, tokenizer, rows: list[dict], batch_size: int = 128, max_new_tokens: int = 40) -> dict:
     """Greedy (``do_sample=False``) metrics on ``rows`` of ``{"prompt", "answer"}``."""
-    completions = generate_completions(
-        model, tokenizer, [r["prompt"] for r in rows], do_sample=False, max_new_tokens=max_new_tokens, batch_size=batch_size
-    )
+    completions = generate_texts(model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size)
     return score_completions(completions, [r["answer"] for r in rows])
 
 
@@ -235,12 +203,9 @@ def evaluate_sampled(
     batch_size: int = 128, max_new_tokens: int = 40, seed: int = 0,
 ) -> dict:
     """Sampled metrics over ``num_samples`` completions per row, plus ``pass_at_k`` (k = ``num_samples``)."""
-    prompts = [r["prompt"] for r in rows for _ in range(num_samples)]
     answers = [r["answer"] for r in rows for _ in range(num_samples)]
-    completions = generate_completions(
-        model, tokenizer, prompts, do_sample=True, temperature=temperature,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-    )
+    completions = generate_texts(model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                 temperature=temperature, seed=seed, num_samples=num_samples)
     stats = score_completions(completions, answers)
     hits = [arithmetic.is_correct(c, a) for c, a in zip(completions, answers)]
     groups = [hits[i : i + num_samples] for i in range(0, len(hits), num_samples)]

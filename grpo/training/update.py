@@ -7,11 +7,13 @@ This is the only module that calls ``backward()``. Micro-batch losses are shares
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
+from grpo.algorithms.schedule import lr_factor
 from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.algorithms.loss import AGGREGATIONS, grpo_loss
@@ -46,21 +48,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay, fused=fused or None)
 
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        progress = min(max(progress, 0.0), 1.0)
-        return {"constant": 1.0, "linear": 1.0 - progress,
-                "cosine": 0.5 * (1.0 + math.cos(math.pi * progress))}[cfg.lr_scheduler]
-
+    factor = functools.partial(lr_factor, warmup_steps=cfg.warmup_steps, total_steps=total_steps,
+                               kind=cfg.lr_scheduler)                    # grpo.algorithms.schedule
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def micro_batches(n: int, size: int) -> list[slice]:
-    """Row slices of at most `size` rows covering range(n) (size 0 = one slice)."""
-    size = size or n
-    return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
 def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:

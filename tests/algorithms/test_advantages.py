@@ -320,3 +320,4 @@ def test_normalize_then_sum_hand_values_and_gdpo_pipeline():
     assert torch.allclose(adv.values.double(), ref_grpo_scaled(total.tolist(), 2, 1e-4, "batch"), atol=1e-6)
     with pytest.raises(ValueError, match="groups of 3"):
         normalize_then_sum(t, torch.tensor([1.0, 1.0]), 3, 0.0)
+

@@ -8,7 +8,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo.config import ConfigError, build_config
 from grpo.modeling.logprobs import completion_logprobs
-from grpo.modeling.lora import (apply_lora, base_model_path, is_lora, peft_lora_config, reference_context,
+from grpo.modeling.reference import AdapterDisabled, FrozenCopy, build_reference
+from grpo.modeling.lora import (apply_lora, base_model_path, is_lora, peft_lora_config,
                        trainable_parameter_names)
 from grpo.rollout import sample
 from tests.conftest import tiny_qwen2
@@ -71,15 +72,14 @@ def test_lora_at_init_is_the_base_model_and_training_moves_only_adapters(kind):
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
     # B = 0 at init: adapters on or off, the model is the base model.
     assert torch.equal(logps(model, ids, mask), expected)
-    with reference_context(model) as ref:
-        assert ref is model
-        assert torch.equal(logps(ref, ids, mask), expected)
+    ref = build_reference(model, beta=0.04)                                     # adapters disabled, no copy
+    assert isinstance(ref, AdapterDisabled) and ref.policy is model
+    assert torch.allclose(ref.logprobs(ids, mask, 6, 1.0), expected, atol=1e-6)
 
     train_steps(model)
     assert (logps(model, ids, mask) - expected).abs().max() > 1e-2              # the policy moved
-    with reference_context(model):
-        assert torch.allclose(logps(model, ids, mask), expected, atol=1e-6)     # the reference did not
-    assert (logps(model, ids, mask) - expected).abs().max() > 1e-2              # adapters back on after the block
+    assert torch.allclose(ref.logprobs(ids, mask, 6, 1.0), expected, atol=1e-6)   # the reference did not
+    assert (logps(model, ids, mask) - expected).abs().max() > 1e-2              # adapters back on after the pass
     merged = copy.deepcopy(model).merge_and_unload().state_dict()
     unmerged = model.get_base_model().state_dict()
     for key, value in base_weights.items():  # frozen base weights, bit for bit
@@ -89,18 +89,22 @@ def test_lora_at_init_is_the_base_model_and_training_moves_only_adapters(kind):
     assert any(not torch.equal(merged[k], base_weights[k]) for k in base_weights)
 
 
-def test_reference_context_restores_adapters_on_error_and_needs_lora():
+def test_adapter_reference_restores_adapters_on_error_and_needs_lora(monkeypatch):
+    import grpo.modeling.reference as reference
+
     model = apply_lora(tiny_qwen2(), lora_cfg())
     train_steps(model, steps=2)
     ids, mask = batch()
     policy = logps(model, ids, mask)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(reference, "fixed_logprobs", boom)                     # fails with adapters off
     with pytest.raises(RuntimeError, match="boom"):
-        with reference_context(model):
-            raise RuntimeError("boom")
-    assert torch.equal(logps(model, ids, mask), policy)
-    with pytest.raises(TypeError, match="LoRA"):
-        with reference_context(tiny_qwen2()):
-            pass
+        build_reference(model, beta=0.04).logprobs(ids, mask, 6, 1.0)
+    assert torch.equal(logps(model, ids, mask), policy)                          # adapters back on
+    assert isinstance(build_reference(tiny_qwen2(), beta=0.04), FrozenCopy)     # no LoRA: a frozen copy
 
 
 def test_target_modules_and_peft_config():

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from grpo.training.evaluate import generate_texts
+
 from grpo.training import sft
 from grpo.modeling.models import build_model, build_tokenizer, load_policy
 from grpo.data.tasks import arithmetic as A
@@ -74,9 +76,9 @@ def test_bucketed_step_matches_full_batch(tokenizer):
 
 
 def test_lr_schedule():
-    f = sft.lr_lambda(10, 100, min_ratio=0.1)
-    assert f(0) == pytest.approx(0.1)
-    assert f(9) == pytest.approx(1.0)
+    f = sft.lr_lambda(10, 100, min_ratio=0.1)          # the trainer's warmup: (step + 1) / (W + 1)
+    assert f(0) == pytest.approx(1 / 11)
+    assert f(9) == pytest.approx(10 / 11)
     assert f(10) == pytest.approx(1.0)
     assert f(55) == pytest.approx(0.55)
     assert f(100) == pytest.approx(0.1)
@@ -108,9 +110,8 @@ def test_micro_sft_smoke(tokenizer, tmp_path):
     assert greedy["n"] == 8 and 0.0 <= greedy["accuracy"] <= 1.0
     sampled = sft.evaluate_sampled(model, tok, rows, num_samples=2, max_new_tokens=12, seed=0)
     assert sampled["n"] == 16 and 0.0 <= sampled["pass_at_k"] <= 1.0
-    prompts = [r["prompt"] for r in rows]
-    first = sft.generate_completions(model, tok, prompts, do_sample=True, max_new_tokens=12, seed=5)
-    assert first == sft.generate_completions(model, tok, prompts, do_sample=True, max_new_tokens=12, seed=5)
+    first = generate_texts(model, tok, rows, temperature=1.0, max_new_tokens=12, seed=5, num_samples=2)
+    assert first == generate_texts(model, tok, rows, temperature=1.0, max_new_tokens=12, seed=5, num_samples=2)
 
 
 def test_score_completions():
@@ -130,11 +131,20 @@ def test_score_completions():
     assert math.isnan(sft.score_completions(completions[2:3], ["7"])["worked_accuracy"])
 
 
-def test_generate_completions_left_pads(tokenizer):
+def test_sft_evaluation_is_the_shared_evaluator(tokenizer):
+    """SFT's metrics come from grpo.training.evaluate (the decoding `grpo eval` and training use): its
+    greedy accuracy equals evaluate()'s accuracy reward on the same rows, batch size aside."""
+    from grpo.data.tasks import arithmetic
+    from grpo.rewards import load_reward
+    from grpo.training.evaluate import evaluate
+
     model = build_model(tokenizer, "micro", seed=0)
-    out = sft.generate_completions(model, tokenizer, ["1+2=", "10+20+30="], do_sample=False, max_new_tokens=5)
-    assert len(out) == 2 and all(isinstance(o, str) for o in out)
-    assert out[0] == sft.generate_completions(model, tokenizer, ["1+2="], do_sample=False, max_new_tokens=5)[0]
+    rows = arithmetic.generate("test", 6, seed=1)
+    out = generate_texts(model, tokenizer, rows, max_new_tokens=5, batch_size=4)
+    assert len(out) == 6 and out[:1] == generate_texts(model, tokenizer, rows[:1], max_new_tokens=5)
+    greedy = sft.evaluate_greedy(model, tokenizer, rows, batch_size=4, max_new_tokens=5)
+    shared = evaluate(model, tokenizer, rows, [load_reward("accuracy"), load_reward("format")], max_new_tokens=5)
+    assert (greedy["accuracy"], greedy["format"]) == (shared["accuracy"], shared["format"])
 
 
 def test_cli(tmp_path, capsys):

@@ -9,7 +9,7 @@ from grpo.modeling.logprobs import (completion_logprobs, entropy_from_logits, fi
                            selective_logprobs)
 from grpo.algorithms.shaping import top_entropy_mask
 from grpo.types import TrainBatch
-from grpo.training.update import build_optimizer, micro_batches, policy_update
+from grpo.training.update import build_optimizer, policy_update
 from tests.conftest import tiny_qwen2
 
 
@@ -109,7 +109,6 @@ def test_lr_schedule_warmup_and_cosine():
         sched.step()
     assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert lrs[8] == pytest.approx(0.5)                 # halfway through the 10 decay steps
-    assert micro_batches(5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
 
 
 # ---------------------------------------------------------------- entropy with autograd
