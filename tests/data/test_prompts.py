@@ -63,7 +63,7 @@ def test_every_format_loads_rows_columns_and_ids(tmp_path, fmt):
     assert batch.columns == {"answer": ["3", "13"], "level": ["1", "2"]}
     assert batch.prompt_mask.tolist() == [[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
     assert batch.prompt_ids[0, 0] == tok.pad_token_id and tok.decode(batch.prompt_ids[0, 1:]) == "1+2="
-    assert batch.prompts == ["1+2=", "14-1="] and batch.conversational is False
+    assert batch.prompts == ["1+2=", "14-1="]
 
 
 def test_dataset_dict_directory_uses_the_split(tmp_path):
@@ -167,7 +167,6 @@ def test_conversational_prompts_render_with_the_chat_template(tmp_path):
     assert [ids_text(tok, r) for r in ps.rows] == ["user: 1+2=\nassistant:",
                                                    "system: be brief\nuser: 4-1=\nassistant:"]
     batch = tokenize_prompts(tok, ps.rows)
-    assert batch.conversational is True
     assert batch.prompts == [c["prompt"] for c in CHAT]          # rewards get the raw messages
     assert batch.columns == {"answer": ["3", "3"]}
 
