@@ -6,7 +6,7 @@ Shapes: B prompts, G completions each, N = B * G rows; P prompt length, T comple
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -52,3 +52,64 @@ class TrainBatch:
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return TrainBatch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx],
                           self.advantages[idx], pick(self.old_logprobs), pick(self.ref_logprobs))
+
+
+#: Step metrics that add up over ranks (the others are averaged): counts, not rates.
+SUMMED_METRICS = ("completion/overlong_filtered",)
+
+
+@dataclass
+class StepSummary:
+    """What one step's metrics read of its experience (grpo.state.metrics.step_metrics): the same object
+    in one process and, merged over ranks by :meth:`merge`, under torchrun."""
+
+    scored: Scored                     # per_function [N, R], total [N]
+    completion_mask: torch.Tensor      # [N, T] long
+    truncated: torch.Tensor            # [N] bool
+    zero_std_groups: int               # groups whose rewards all tie (advantage 0)
+    num_groups: int
+    sample_s: float                    # seconds of sampling (the slowest rank's when merged)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_host(self) -> "StepSummary":
+        """The same summary with its tensors on the CPU (for all_gather_object)."""
+        return StepSummary(**{f.name: _to_host(getattr(self, f.name)) for f in fields(self)})
+
+    @staticmethod
+    def merge(parts: list["StepSummary"]) -> "StepSummary":
+        """Every rank's summary as one: rows concatenated (completions right-padded to the widest), counts
+        summed, the sampling time the slowest rank's, metrics averaged (SUMMED_METRICS summed). Field by
+        field, by type: a new field of another type is a TypeError here, not a silently wrong metric."""
+        return StepSummary(**{f.name: _merge([getattr(p, f.name) for p in parts], f.name) for f in fields(StepSummary)})
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, Scored):
+        return Scored(value.names, value.per_function.cpu(), value.total.cpu(), dict(value.errors))
+    return value
+
+
+def _merge(values: list[Any], name: str) -> Any:
+    first = values[0]
+    if isinstance(first, Scored):
+        errors: dict[str, int] = {}
+        for v in values:
+            for k, n in v.errors.items():
+                errors[k] = errors.get(k, 0) + n
+        return Scored(first.names, torch.cat([v.per_function for v in values]), torch.cat([v.total for v in values]),
+                      errors)
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 2:                                     # [n, T]: pad to the widest T
+            width = max(v.shape[1] for v in values)
+            values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+        return torch.cat(values)
+    if isinstance(first, bool) or not isinstance(first, (int, float, dict)):
+        raise TypeError(f"StepSummary.merge: no rule for field {name!r} of type {type(first).__name__}")
+    if isinstance(first, int):
+        return sum(values)
+    if isinstance(first, float):
+        return max(values)
+    return {k: (sum if k in SUMMED_METRICS else (lambda xs: sum(xs) / len(xs)))([v[k] for v in values])
+            for k in first}

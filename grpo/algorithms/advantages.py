@@ -184,7 +184,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
 # ---------------------------------------------------------------- multi-objective reward combination
 
 
-def _weighted_nansum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_nansum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum_k w_k v_ik over the finite v_ik of each row; NaN for a row with none.  [N, R] -> [N]."""
     finite = torch.isfinite(values)
     total = torch.where(finite, values * weights.to(values), 0).sum(dim=1)
@@ -199,7 +199,7 @@ def sum_then_normalize(per_function: torch.Tensor, weights: torch.Tensor, group_
 
     Shape: per_function [N, R], weights [R] -> [N]
     """
-    return _weighted_nansum(per_function, weights)
+    return weighted_nansum(per_function, weights)
 
 
 def normalize_then_sum(per_function: torch.Tensor, weights: torch.Tensor, group_size: int,
@@ -221,7 +221,7 @@ def normalize_then_sum(per_function: torch.Tensor, weights: torch.Tensor, group_
     cols = per_function.T.reshape(R, -1, group_size)                        # [R, B, G]
     normed = group_normalise(cols, eps).reshape(R, N).T                     # [N, R]
     normed = torch.where(torch.isfinite(per_function), normed, torch.nan)   # keep "no reward" visible
-    return _weighted_nansum(normed, weights)
+    return weighted_nansum(normed, weights)
 
 
 REWARD_COMBINERS: dict[str, Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]] = {

@@ -263,28 +263,33 @@ def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_length: int, temperature: float = 1.0, micro_batch_size: int = 0,
-                   chunk_size: int = 0, max_tokens: int = 0) -> torch.Tensor:
-    """Log-probs without autograd (old policy, reference), micro-batch by micro-batch.
+                   chunk_size: int = 0, max_tokens: int = 0, with_entropy: bool = False):
+    """Log-probs without autograd (old policy, reference), micro-batch by micro-batch; with
+    `with_entropy`, also the entropy of the policy at each completion token (same pass, same budget).
 
     Micro-batches are those of the update (:func:`bucketed_micro_batches`: rows of similar length,
     at most `micro_batch_size` rows and `max_tokens` padded tokens each), so each trims its own
     padding; the result is in the original row order. Under autocast (`train.precision`) a frozen
     model's linear weights are cast once for the whole pass (:func:`grpo.modeling.precision.cast_frozen_linears`).
 
-    Shape: [N, P + T] -> [N, T]
+    Shape: [N, P + T] -> [N, T] (and entropy [N, T] with `with_entropy`)
     """
     was_training = model.training
     model.eval()  # no dropout: old/ref log-probs must be deterministic
     n = input_ids.shape[0]
     out = torch.empty(n, completion_length, dtype=torch.float32, device=input_ids.device)
+    ent = torch.empty_like(out) if with_entropy else None
     try:
         with cast_frozen_linears(model, input_ids.device):               # autocast: frozen weights cast once
             for idx in bucketed_micro_batches(attention_mask, micro_batch_size, max_tokens):
-                out[idx] = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length,
-                                               temperature, chunk_size=chunk_size)[0].float()
+                logp, entropy = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length,
+                                                    temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+                out[idx] = logp.float()
+                if with_entropy:
+                    ent[idx] = entropy.float()
     finally:
         model.train(was_training)
-    return out                                                              # [N, T]
+    return (out, ent) if with_entropy else out                          # [N, T]
 
 
 def bucketed_micro_batches(attention_mask: torch.Tensor, size: int, max_tokens: int = 0) -> list:

@@ -56,6 +56,7 @@ import torch
 from grpo.rewards.calling import (CALL_HINT, LOOP_GRACE_S, ArgumentMismatch, RewardFn,  # noqa: F401
                                   RewardError, RewardTimeout, _CALL_ERRORS, argument_problem, in_thread, own_copy, reward_kwargs,
                                   run_calls)
+from grpo.algorithms.advantages import weighted_nansum
 from grpo.rewards.text import as_text
 from grpo.types import Scored
 
@@ -252,8 +253,13 @@ def warn_no_signal(name: str, values: list, argument_names: list[str]) -> None:
 
 
 def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, prompts: list,
-          completions: list, columns: dict[str, list], on_error: str = "raise", timeout_s: float = 0.0) -> Scored:
-    """Run every reward function and combine: total_i = sum_k w_k r_ik over the k with r_ik not None.
+          completions: list, columns: dict[str, list], on_error: str = "raise", timeout_s: float = 0.0,
+          combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> Scored:
+    """Run every reward function and combine them into the one total of the step.
+
+    `combine(per_function [N, R], weights [R]) -> total [N]` (grpo.algorithms.advantages.REWARD_COMBINERS,
+    ``algorithm.reward_combination``, with the group size bound); default: the weighted sum
+    total_i = sum_k w_k r_ik over the k with r_ik not None (sum_then_normalize).
 
     A completion for which every function returned None gets total NaN ("no reward"; the advantage
     estimators give it advantage 0). ``Scored.errors`` maps every function name to the number of
@@ -275,8 +281,7 @@ def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, pr
         table[:, k] = torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float32,
                                    device=table.device)
     w = torch.tensor(weights, dtype=torch.float32, device=table.device)     # [R]
-    total = torch.nansum(table * w, dim=1)                                  # [N] None contributes 0
-    total[torch.isnan(table).all(dim=1)] = float("nan")                     # no function applied
+    total = (combine or weighted_nansum)(table, w)                          # [N] NaN: no function applied
     return Scored(names=[n for n, _ in functions], per_function=table, total=total, errors=errors)
 
 

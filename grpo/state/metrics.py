@@ -12,7 +12,7 @@ import torch
 
 from grpo.config import Config
 from grpo.state.tracking import close_trackers, open_trackers, tracker_scalars
-from grpo.types import Scored
+from grpo.types import Scored, StepSummary
 
 
 def reward_metrics(scored: Scored) -> dict[str, float]:
@@ -44,18 +44,17 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def step_metrics(step: int, exp, u: dict[str, float], times: dict[str, float], prompt_set) -> dict[str, Any]:
-    """One metrics.jsonl record: the experience `exp`, the mean update stats `u`, timings, data counts."""
-    gen = exp.groups.gen
+def step_metrics(step: int, exp: StepSummary, u: dict[str, float], times: dict[str, float], prompt_set) -> dict[str, Any]:
+    """One metrics.jsonl record: the experience's summary `exp`, the mean update stats `u`, timings, data counts."""
     return {
-        "step": step, **reward_metrics(exp.scored), **completion_metrics(gen.completion_mask, gen.truncated),
-        **exp.metrics, "advantages/zero_std_frac": exp.advantages.zero_std_groups / exp.advantages.num_groups,
+        "step": step, **reward_metrics(exp.scored), **completion_metrics(exp.completion_mask, exp.truncated),
+        **exp.metrics, "advantages/zero_std_frac": exp.zero_std_groups / exp.num_groups,
         "loss/total": u["loss"], "loss/policy": u["policy_loss"], "loss/kl": u["kl_loss"],
         "kl/mean": u["kl"], "policy/clip_frac": u["clip_fraction"], "policy/entropy": u["entropy"],
         "optim/grad_norm": u["grad_norm"], "optim/lr": u["lr"], "optim/skipped_steps": u["skipped"],
-        "time/step_s": times["step_s"], "time/rollout_s": exp.groups.sample_s, "time/experience_s": times["experience_s"],
+        "time/step_s": times["step_s"], "time/rollout_s": exp.sample_s, "time/experience_s": times["experience_s"],
         "time/update_s": times["update_s"],
-        "rollout/tokens_per_s": float(gen.completion_mask.sum()) / max(exp.groups.sample_s, 1e-9),
+        "rollout/tokens_per_s": float(exp.completion_mask.sum()) / max(exp.sample_s, 1e-9),
         "data/dropped_prompts": prompt_set.num_dropped, "data/truncated_prompts": prompt_set.num_truncated,
         "data/skipped_rows": prompt_set.num_skipped,
     }

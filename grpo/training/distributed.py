@@ -303,46 +303,11 @@ def shutdown(par: Parallel | None = None) -> None:
 
 # ---- metrics over all ranks
 
-@dataclass
-class _View:
-    """The parts of an Experience that grpo.state.metrics.step_metrics reads, gathered over ranks."""
+def global_summary(summary):
+    """The step's summary (grpo.types.StepSummary) merged over every rank: rewards, lengths and counts."""
+    from grpo.types import StepSummary
 
-    batch: Any
-    groups: Any
-    scored: Any
-    advantages: Any
-    metrics: dict[str, float]
-
-
-SUMMED_METRICS = ("completion/overlong_filtered",)
-
-
-def global_experience(exp) -> Any:
-    """The step's experience as metrics see it: rewards, lengths and counts of every rank."""
-    from types import SimpleNamespace
-
-    from grpo.types import Scored
-
-    gen = exp.groups.gen
-    mine = (exp.scored.per_function.cpu(), exp.scored.total.cpu(), gen.completion_mask.cpu(), gen.truncated.cpu(),
-            dict(exp.scored.errors), exp.advantages.zero_std_groups, exp.advantages.num_groups,
-            exp.groups.sample_s, dict(exp.metrics))
-    parts = all_gather_object(mine)
-    width = max(p[2].shape[1] for p in parts)
-    mask = torch.cat([torch.nn.functional.pad(p[2], (0, width - p[2].shape[1])) for p in parts])
-    errors: dict[str, int] = {}
-    for p in parts:
-        for k, v in p[4].items():
-            errors[k] = errors.get(k, 0) + v
-    keys = parts[0][8].keys()
-    metrics = {k: (sum if k in SUMMED_METRICS else (lambda xs: sum(xs) / len(xs)))([p[8][k] for p in parts])
-               for k in keys}
-    scored = Scored(names=exp.scored.names, per_function=torch.cat([p[0] for p in parts]),
-                    total=torch.cat([p[1] for p in parts]), errors=errors)
-    gen_view = SimpleNamespace(completion_mask=mask, truncated=torch.cat([p[3] for p in parts]))
-    groups = SimpleNamespace(gen=gen_view, sample_s=max(p[7] for p in parts))
-    adv = SimpleNamespace(zero_std_groups=sum(p[5] for p in parts), num_groups=sum(p[6] for p in parts))
-    return _View(exp.batch, groups, scored, adv, metrics)
+    return StepSummary.merge(all_gather_object(summary.to_host()))
 
 
 class NullLogger:

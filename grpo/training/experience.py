@@ -10,6 +10,7 @@ string; this module only wires them together.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import torch
 from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, Advantages
 from grpo.config import Config
 from grpo.data.prompts import PromptStream, tokenize_prompts
-from grpo.modeling.logprobs import completion_logprobs, fixed_logprobs
+from grpo.modeling.logprobs import fixed_logprobs
 from grpo.algorithms.loss import KL_ESTIMATORS
 from grpo.rewards import score
 from grpo.rewards.process import score_steps
@@ -29,7 +30,7 @@ from grpo.rollout import Generation, sample
 from grpo.rollout.batching import concat_generations, select_rows
 from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
                           soft_overlong_penalty, token_step_ids, top_entropy_mask)
-from grpo.types import Scored, TrainBatch
+from grpo.types import Scored, StepSummary, TrainBatch
 from grpo.training.update import micro_batch_tokens
 
 
@@ -61,6 +62,12 @@ class Experience:
     scored: Scored
     advantages: Advantages
     metrics: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> StepSummary:
+        """What the step's metrics read (merged over ranks under torchrun: grpo.types.StepSummary.merge)."""
+        gen = self.groups.gen
+        return StepSummary(self.scored, gen.completion_mask, gen.truncated, self.advantages.zero_std_groups,
+                           self.advantages.num_groups, self.groups.sample_s, dict(self.metrics))
 
 
 def decode_completions(tokenizer, gen: Generation) -> list[str]:
@@ -112,11 +119,11 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index:
     per_prompt = repeat_each(prompts.prompts, k)
     columns = {name: repeat_each(values, k) for name, values in prompts.columns.items()}
     # as TRL: by keyword, chat prompts get [{"role": "assistant", "content": text}] completions
+    combine = functools.partial(REWARD_COMBINERS[algo.reward_combination], group_size=k, eps=algo.advantage_eps)
     scored = score(rewards, cfg.reward.weights, per_prompt, chat_completions(per_prompt, completions),
-                   reward_columns(columns, gen), on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s)
-    weights = torch.tensor(cfg.reward.weights or [1.0] * len(rewards), dtype=torch.float32,
-                           device=scored.per_function.device)                               # [R] host, as rewards
-    total = REWARD_COMBINERS[algo.reward_combination](scored.per_function, weights, k, algo.advantage_eps)
+                   reward_columns(columns, gen), on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s,
+                   combine=combine)                                                  # the one reward total
+    total = scored.total
     if algo.overlong_cache_fraction > 0:   # DAPO soft overlong punishment, added to the reward
         cache = max(1, round(algo.overlong_cache_fraction * ro.max_new_tokens))
         lengths = lengths_of(gen).to(total.device)                                       # [k*B] beside the rewards
@@ -178,19 +185,6 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
 
 
 @torch.no_grad()
-def token_entropies(model, input_ids, attention_mask, T: int, temperature: float, micro_batch_size: int) -> torch.Tensor:
-    """Policy entropy at every completion token, without autograd.  Shape: [N, P + T] -> [N, T]."""
-    was_training = model.training
-    model.eval()
-    step = micro_batch_size or input_ids.shape[0]
-    try:
-        parts = [completion_logprobs(model, input_ids[s:s + step], attention_mask[s:s + step], T, temperature,
-                                     with_entropy=True)[1] for s in range(0, input_ids.shape[0], step)]
-    finally:
-        model.train(was_training)
-    return torch.cat(parts)
-
-
 def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg: Config) -> torch.Tensor:
     """Process-supervision advantages of every completion token.  Shape: [N, T]."""
     gen = groups.gen
@@ -237,7 +231,8 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
         mask = mask * overlong_keep(gen.truncated).unsqueeze(1)
         metrics["completion/overlong_filtered"] = float(gen.truncated.sum())
     if algo.top_entropy_rho < 1:                         # train on the highest-entropy tokens only
-        entropy = token_entropies(model, input_ids, attention_mask, T, ro.temperature, mb)
+        entropy = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget,
+                                 with_entropy=True)[1]                   # [N, T] within the token budget
         mask = top_entropy_mask(entropy, mask, algo.top_entropy_rho)
     if algo.num_iterations == 1:
         old = None                                       # pi_old = pi_theta.detach() in the update

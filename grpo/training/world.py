@@ -41,8 +41,8 @@ class LocalWorld:
         pass
 
     def view(self, exp):
-        """The experience as the step's metrics see it."""
-        return exp
+        """The experience as the step's metrics see it (grpo.types.StepSummary)."""
+        return exp.summary()
 
     def any(self, flag: bool) -> bool:
         return bool(flag)
@@ -91,9 +91,9 @@ class TorchrunWorld:
         self.par.after_update(state)                   # FSDP2: new full weights into the rollout model
 
     def view(self, exp):
-        from grpo.training.distributed import global_experience
+        from grpo.training.distributed import global_summary
 
-        return global_experience(exp)                  # rewards, lengths and counts of every rank
+        return global_summary(exp.summary())           # rewards, lengths and counts of every rank
 
     def any(self, flag: bool) -> bool:
         from grpo.training.distributed import any_rank

@@ -184,3 +184,26 @@ def test_logit_softcap_falls_back_to_the_model_forward():
     ids, mask = padded_batch()
     a, _ = completion_logprobs(capped, ids, mask, T)
     assert torch.allclose(a, logits_path(capped, ids, mask, T, 1.0, False, False)[0])
+
+
+def test_fixed_logprobs_entropy_honours_the_token_budget():
+    """The entropy of the top-entropy token mask comes from fixed_logprobs' own pass: with a small token
+    budget it equals the one-pass value and a direct float64 -sum p log p over the full logits."""
+    model = tiny_qwen2(vocab_size=VOCAB)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, VOCAB, (5, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0                                                           # a left-padded row
+    T = 4
+    logp, ent = fixed_logprobs(model, ids, mask, T, 0.7, with_entropy=True)
+    logp_b, ent_b = fixed_logprobs(model, ids, mask, T, 0.7, max_tokens=12, with_entropy=True)
+    assert len(bucketed_micro_batches(mask, 0, 12)) > 1                       # the budget really splits
+    torch.testing.assert_close(ent_b, ent, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logp_b, logp, atol=1e-5, rtol=1e-5)
+    assert torch.equal(fixed_logprobs(model, ids, mask, T, 0.7), logp)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.double() / 0.7
+    p = torch.softmax(logits[:, -T - 1:-1], -1)                               # [N, T, V] predicting the completion
+    direct = -(p * p.log()).sum(-1)
+    torch.testing.assert_close(ent.double(), direct, atol=1e-4, rtol=1e-4)
