@@ -56,7 +56,7 @@ def run_in_process(flat: dict, **over) -> TrainResult:
 def train_command(flat: dict, kill_at: str | None = None, resume: bool = False,
                   omp_threads: int | None = 1) -> tuple[list[str], dict]:
     """argv and environment of `python -m grpo train --config <flat as YAML>` (the YAML is written next
-    to the output directory), with the GRPO_TEST_KILL_AT hook.
+    to the output directory); with `kill_at`, through tests/kill_hook.py (a signal at a named point).
 
     `omp_threads`: OMP_NUM_THREADS of the child; None leaves torch its default thread count."""
     out = Path(flat["train.output_dir"])
@@ -67,12 +67,10 @@ def train_command(flat: dict, kill_at: str | None = None, resume: bool = False,
     config = out.parent / f"{out.name}.yaml"
     config.write_text(yaml.safe_dump(nested))
     env = {**os.environ, "OMP_NUM_THREADS": str(omp_threads), "TQDM_DISABLE": "1"}
-    env.pop("GRPO_TEST_KILL_AT", None)
     if omp_threads is None:
         env.pop("OMP_NUM_THREADS")
-    if kill_at:
-        env["GRPO_TEST_KILL_AT"] = kill_at
-    argv = [sys.executable, "-m", "grpo", "train", "--config", str(config)] + (["--resume"] if resume else [])
+    entry = ["-m", "tests.kill_hook", kill_at, "--"] if kill_at else ["-m", "grpo"]
+    argv = [sys.executable, *entry, "train", "--config", str(config)] + (["--resume"] if resume else [])
     return argv, env
 
 

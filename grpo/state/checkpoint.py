@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from grpo.state.signals import fault_point
+from grpo.events import emit
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STALE_RE = re.compile(r"^\.checkpoint-\d+\.(tmp|old|deleting)$")
@@ -292,7 +292,7 @@ def _write_files(tmp: Path, step: int, model, tokenizer, optimizer, scheduler, s
 
     with _writing(tmp):
         save_checkpoint_model(model, tokenizer, tmp)   # LoRA: only the adapter (it names its base model)
-    fault_point("save", step)
+    emit("save", step)
     if optimizer is not None:
         with _writing(tmp / "optimizer.pt"):
             scaler = getattr(optimizer, "grpo_loss_scaler", None)     # fp16: the loss scale and its growth count

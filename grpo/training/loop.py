@@ -13,7 +13,7 @@ Reliability (docs/reliability.md): `train.resume` continues from the newest vali
 returns (grpo/state/signals.py); steps with a non-finite loss are skipped and `train.max_bad_steps` in a
 row stop the run without saving that state (grpo/training/guards.py). One run at a time holds output_dir (a
 lock file, grpo/state/output_dir.py), and the directory is first changed once the first step has succeeded
-(grpo.state.resume.begin_run). `fault_point` calls are a test hook (GRPO_TEST_KILL_AT).
+(grpo.state.resume.begin_run). `emit` marks the named progress points (grpo/events.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from grpo.modeling.precision import autocast, autocast_dtype
 from grpo.modeling.reference import build_reference
 from grpo.state.resume import TrainState, announce_run, begin_run, check_resumable, find_checkpoint, restore
 from grpo.training.run_checks import check_run
-from grpo.state.signals import GracefulStop, fault_point
+from grpo.events import emit
+from grpo.state.signals import GracefulStop
 from grpo.types import TrainBatch
 from grpo.training.update import UpdateStats, build_optimizer, policy_update
 from grpo.training.world import init_world
@@ -95,7 +96,7 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
                           logprob_chunk_size=cfg.train.logprob_chunk_size,
                           gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=hooks,
                           micro_batch_tokens=budget)
-    fault_point("update", step)
+    emit("update", step)
     return stats
 
 
@@ -158,7 +159,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 with autocast(runtime.device, tc.precision):     # train.precision: forward passes only
                     exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
                                           state.reference, run_cfg, runtime.device, max_tokens=budget)
-                fault_point("rollout", step)
+                emit("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
                     stats = [update(state, exp.batch, cfg, step, world, budget) for _ in range(algo.num_iterations)]
@@ -173,7 +174,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                     begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
                 logger.log(record)
                 asked = callbacks.step_end(step, record)       # a callback may ask the run to stop
-                fault_point("step", step)
+                emit("step", step)
                 done = step
                 stop_now = world.any(stop.requested or asked)
                 if bad.record(step, any(s.skipped for s in stats)):

@@ -185,7 +185,6 @@ def test_debug_shows_the_traceback(world, capsys):
 def test_bad_input_in_a_real_process(world):
     """The console entry point: exit status 2 and only the error line on stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("GRPO_TEST_KILL_AT", None)
     proc = subprocess.run([sys.executable, "-m", "grpo", "train", "--config", str(world["root"] / "bad.yaml")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2

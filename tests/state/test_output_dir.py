@@ -102,8 +102,10 @@ def test_the_lock_is_released_after_an_error_and_after_a_signal_stop(env, tmp_pa
     with pytest.raises(Exception, match="no"):
         run_in_process(tiny_config(*env, out, **{"reward.functions": [f"{failing}:fails"]}))
     assert not (out / LOCK_FILE).exists()
-    monkeypatch.setenv("GRPO_TEST_KILL_AT", "update:1:TERM")
-    result = run_in_process(tiny_config(*env, out))
+    from tests.kill_hook import killing_at
+
+    with killing_at("update:1:TERM"):
+        result = run_in_process(tiny_config(*env, out))
     assert result.stopped_by == "SIGTERM" and not (out / LOCK_FILE).exists()
 
 

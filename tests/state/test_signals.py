@@ -12,7 +12,7 @@ import pytest
 
 from grpo.state.checkpoint import list_checkpoints, verify_checkpoint
 from grpo.cli.main import main
-from grpo.state.signals import fault_point
+from tests.kill_hook import killing_at
 from tests.run_helpers import (ROOT, assert_same_run, cli_argv, make_micro_dir, make_reward, records, run_in_process,
                                tiny_config)
 
@@ -33,15 +33,14 @@ def reference(env, tmp_path_factory):
 def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(env, reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     handler = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setenv("GRPO_TEST_KILL_AT", "rollout:3:TERM")     # SIGTERM arrives during step 3
-    result = run_in_process(tiny_config(*env, out))
+    with killing_at("rollout:3:TERM"):                              # SIGTERM arrives during step 3
+        result = run_in_process(tiny_config(*env, out))
     assert (result.stopped_by, result.signum, result.steps) == ("SIGTERM", 15, 3)
     assert result.checkpoint == out / "checkpoint-3"                # not a save_steps step: saved because of the signal
     verify_checkpoint(result.checkpoint)
     assert [r["step"] for r in records(out)] == [1, 2, 3]          # step 3 was finished, not cut short
     assert "SIGTERM received: finishing the current step" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == handler             # handlers restored
-    monkeypatch.delenv("GRPO_TEST_KILL_AT")
     resumed = run_in_process(tiny_config(*env, out), **{"train.resume": "auto"})
     assert resumed.stopped_by is None and resumed.steps == 6
     assert_same_run(reference, out, 6)
@@ -49,23 +48,22 @@ def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(env, referen
 
 def test_cli_sigint_exits_130_with_the_command_that_resumes(env, reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    monkeypatch.setenv("GRPO_TEST_KILL_AT", "update:2:INT")
-    assert main(cli_argv(tiny_config(*env, out))) == 130
+    with killing_at("update:2:INT"):
+        assert main(cli_argv(tiny_config(*env, out))) == 130
     err = capsys.readouterr().err
     assert f"grpo: stopped by SIGINT after step 2 of 6; checkpoint: {out / 'checkpoint-2'}" in err
     command = err.split("resume with: ")[1].strip()
     argv = shlex.split(command)
     assert argv[0] == "grpo" and argv[-1] == "--resume" and argv.count("--resume") == 1
-    monkeypatch.delenv("GRPO_TEST_KILL_AT")
     assert main(argv[1:]) == 0
     assert_same_run(reference, out, 6)
 
 
 def test_a_second_sigint_aborts_at_once(env, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    monkeypatch.setenv("GRPO_TEST_KILL_AT", "rollout:3:INT,update:3:INT")
     before = signal.getsignal(signal.SIGINT)     # SIG_IGN when the suite runs as a background job
-    assert main(cli_argv(tiny_config(*env, out))) == 130
+    with killing_at("rollout:3:INT,update:3:INT"):
+        assert main(cli_argv(tiny_config(*env, out))) == 130
     assert capsys.readouterr().err.strip().endswith("interrupted")
     assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2"]      # no checkpoint of the aborted step
     assert not [p for p in out.iterdir() if p.name.startswith(".checkpoint")]
@@ -82,23 +80,42 @@ def test_resume_command_replaces_resume_options():
             == "grpo --debug train --output-dir 'my dir' --resume")
 
 
-@pytest.mark.parametrize("spec", ["update", "update:x", "update:3:NOPE"])
-def test_fault_hook_rejects_a_malformed_spec(monkeypatch, spec):
-    monkeypatch.setenv("GRPO_TEST_KILL_AT", spec)
-    with pytest.raises(ValueError, match=f"GRPO_TEST_KILL_AT: '{spec}' must be point:step"):
-        fault_point("update", 1)
+@pytest.mark.parametrize("spec", ["update", "update:x", "update:3:NOPE", "nowhere:3"])
+def test_kill_hook_rejects_a_malformed_spec(spec):
+    with pytest.raises(ValueError, match=f"kill hook: '{spec}' must be point:step"):
+        killing_at(spec).__enter__()
 
 
-def test_fault_hook_fires_once_per_run_and_only_at_its_point(monkeypatch):
+def test_kill_hook_fires_once_and_only_at_its_point():
+    from grpo.events import emit
     from grpo.state.signals import GracefulStop
 
-    monkeypatch.setenv("GRPO_TEST_KILL_AT", "step:2:TERM")
-    with GracefulStop() as stop:
-        fault_point("step", 1)
-        fault_point("update", 2)
+    with GracefulStop() as stop, killing_at("step:2:TERM"):
+        emit("step", 1)
+        emit("update", 2)
         assert not stop.requested
-        fault_point("step", 2)
+        emit("step", 2)
         assert stop.signal_name == "SIGTERM"
+        stop.signal_name = None
+        emit("step", 2)                                               # fired once: nothing now
+        assert stop.signal_name is None
+
+
+def test_events_call_listeners_in_order_and_nothing_without_them():
+    from grpo import events
+
+    seen = []
+    events.emit("rollout", 1)                                         # no listener: nothing happens
+    first, second = (lambda p, s: seen.append(("a", p, s))), (lambda p, s: seen.append(("b", p, s)))
+    events.add_listener(first)
+    events.add_listener(second)
+    try:
+        events.emit("save", 4)
+    finally:
+        events.remove_listener(first)
+        events.remove_listener(second)
+    events.emit("save", 5)
+    assert seen == [("a", "save", 4), ("b", "save", 4)]
 
 
 def _wait_for_lines(path, n, proc, timeout=120.0):
@@ -119,7 +136,6 @@ def test_external_sigterm_to_a_training_process(env, tmp_path):
     run_in_process(tiny_config(*env, ref, **steps))
     out = tmp_path / "run"
     child_env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    child_env.pop("GRPO_TEST_KILL_AT", None)
     argv = [sys.executable, "-m", "grpo", *cli_argv(tiny_config(*env, out, **steps))]
     proc = subprocess.Popen(argv, cwd=ROOT, env=child_env, stderr=subprocess.PIPE, text=True)
     _wait_for_lines(out / "metrics.jsonl", 2, proc)
@@ -133,8 +149,8 @@ def test_external_sigterm_to_a_training_process(env, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert_same_run(ref, out, 30)
-    twice = subprocess.run([sys.executable, "-m", "grpo", *cli_argv(tiny_config(*env, tmp_path / "twice", **steps))],
-                           cwd=ROOT, env={**child_env, "GRPO_TEST_KILL_AT": "rollout:3:TERM,update:3:TERM"},
+    twice = subprocess.run([sys.executable, "-m", "tests.kill_hook", "rollout:3:TERM,update:3:TERM", "--",
+                            *cli_argv(tiny_config(*env, tmp_path / "twice", **steps))], cwd=ROOT, env=child_env,
                            capture_output=True, text=True, timeout=300)
     assert twice.returncode == -signal.SIGTERM
     assert json.loads((tmp_path / "twice" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
