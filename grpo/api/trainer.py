@@ -64,6 +64,11 @@ class Trainer:
         if isinstance(model, (str, os.PathLike)):
             overrides["model.path"] = str(model)
         cfg = resolve_config(cfg, overrides)
+        if reward_funcs is None and not cfg.reward.functions and not cfg.reward.process_functions:
+            from grpo.data.tasks import default_reward_functions
+
+            given = cfg.data.dataset or ("train_dataset (in memory)" if self.records is not None else None)
+            cfg = resolve_config(cfg, {"reward.functions": default_reward_functions(cfg, given)})
         rewards, weights = resolve_rewards(reward_funcs, cfg)
         if reward_funcs is not None:       # config.yaml records the functions by name
             cfg = resolve_config(cfg, {"reward.functions": [n for n, _ in rewards], "reward.weights": weights})

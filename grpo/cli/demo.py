@@ -39,7 +39,7 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     from grpo.modeling.models import EMBEDDED_MODEL_DIR, load_policy
     from grpo.cli.plots import plot_curves
     from grpo.rewards import load_reward
-    from grpo.data.tasks.arithmetic import generate
+    from grpo.data.tasks.arithmetic import DEFAULT_REWARDS, generate
     from grpo.api.trainer import train
 
     start = time.perf_counter()
@@ -59,7 +59,7 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     torch.manual_seed(seed)
     model, tokenizer = load_policy(str(EMBEDDED_MODEL_DIR))
     held_out = generate("test", eval_problems, seed=seed)
-    rewards = [load_reward("accuracy"), load_reward("format")]
+    rewards = [load_reward(spec) for spec in DEFAULT_REWARDS]                # the task's own choice
     kw = dict(max_new_tokens=cfg.rollout.max_new_tokens)
 
     print(f"evaluating the base policy on {len(held_out)} held-out problems (greedy) ...", flush=True)

@@ -138,7 +138,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
 
     model, tokenizer = load_checkpoint(args.model or str(EMBEDDED_MODEL_DIR))  # full model or LoRA adapter
     rows = TASKS[args.task].generate("test", args.problems, seed=args.seed)
-    rewards = [load_reward(r) for r in (args.reward or ["accuracy", "format"])]
+    rewards = [load_reward(r) for r in (args.reward or TASKS[args.task].DEFAULT_REWARDS)]
     scores = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, seed=args.seed)
     for name, value in scores.items():

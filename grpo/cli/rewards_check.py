@@ -108,8 +108,12 @@ def format_table(scored: Scored) -> str:
 
 def run_check(cfg: Config, completions_path: str | Path) -> str:
     """Score the completions file with the config's reward functions; the table to print."""
+    from grpo.data.tasks import default_reward_functions
+
     rewards = [load_reward(spec) for spec in cfg.reward.functions]
     data = read_completions(completions_path, dataset_rows(cfg))
+    if not rewards:                     # none named: only the embedded task has defaults, a file needs --reward
+        rewards = [load_reward(spec) for spec in default_reward_functions(cfg, cfg.data.dataset or str(completions_path))]
     try:
         scored = score(rewards, cfg.reward.weights, data.prompts, data.completions, data.columns,
                        on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s)

@@ -119,8 +119,6 @@ def validate(cfg: Config) -> None:
         (cfg.model.device.strip().lower() in ("auto", "cpu", "cuda") or cfg.model.device.strip().lower().startswith("cuda:"),
          "model.device must be auto | cpu | cuda | cuda:N"),
         (cfg.train.resume.strip() != "", "train.resume must be never | auto | a checkpoint directory"),
-        (len(cfg.reward.functions) + len(cfg.reward.process_functions) >= 1,
-         "reward.functions (or reward.process_functions) must name at least one reward function"),
         (not cfg.reward.process_functions or cfg.reward.step_delimiter != "",
          "reward.step_delimiter may not be empty when reward.process_functions is set"),
         (cfg.reward.weights is None or len(cfg.reward.weights) == len(cfg.reward.functions),

@@ -88,7 +88,8 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    functions: list[str] = _f(["accuracy", "format"], "Reward functions: built-in names (accuracy, format, math_accuracy, "
+    functions: list[str] = _f([], "Reward functions (empty: the embedded task's own, accuracy and format, when no "
+                              "dataset is given; with a dataset, name at least one): built-in names (accuracy, format, math_accuracy, "
                               "think_format, tag_count, cosine_length, repetition_penalty, soft_overlong, "
                               "language_consistency, code_execution; parameters as name:key=value,...), "
                               "`path/to/file.py:function` (sync or async) or a reward-model directory.")

@@ -69,8 +69,7 @@ class MetricsLogger:
     writes nothing to the output directory (grpo.state.resume.begin_run).
     """
 
-    HEADLINE = (("reward/total/mean", "reward"), ("reward/accuracy/mean", "acc"),
-                ("completion/length_mean", "len"), ("kl/mean", "kl"))
+    HEADLINE = (("reward/total/mean", "reward"), ("completion/length_mean", "len"), ("kl/mean", "kl"))
 
     def __init__(self, path: Path, total_steps: int, progress_bar: bool = True, initial: int = 0,
                  config: Config | None = None):
@@ -116,7 +115,10 @@ class MetricsLogger:
             for tracker in self.trackers:
                 tracker.log(metrics["step"], scalars)
         if self.bar is not None:
-            shown = {label: f"{metrics[k]:.3g}" for k, label in self.HEADLINE
+            first = next((k for k in metrics if k.startswith("reward/") and k.endswith("/mean")
+                          and k != "reward/total/mean"), None)          # the first reward function's mean
+            headline = [*self.HEADLINE[:1], *([(first, first.split("/")[1][:10])] if first else []), *self.HEADLINE[1:]]
+            shown = {label: f"{metrics[k]:.3g}" for k, label in headline
                      if isinstance(metrics.get(k), float) and math.isfinite(metrics[k])}
             self.bar.set_postfix(shown, refresh=False)
             self.bar.update(1)

@@ -111,8 +111,8 @@ def test_reward_forms_and_names():
         resolve_rewards([fn, fn], cfg)
     rewards, weights = resolve_rewards([fn, ("other", fn, 2.0)], cfg)
     assert [n for n, _ in rewards] == ["fn", "other"] and weights == [1.0, 2.0]
-    rewards, weights = resolve_rewards(None, cfg)                  # the config's reward.functions
-    assert [n for n, _ in rewards] == ["accuracy", "format"] and weights is None
+    rewards, weights = resolve_rewards(None, build_config(overrides={"reward.functions": ["format", "accuracy"]}))
+    assert [n for n, _ in rewards] == ["format", "accuracy"] and weights is None     # the config's reward.functions
     with pytest.raises(ConfigError, match="reward.weights has 1 weights for 2"):
         resolve_rewards([fn, "format"], build_config(overrides={"reward.weights": [1.0], "reward.functions": ["format"]}))
     with pytest.raises(TypeError, match=r"reward_funcs\[0\]"):
@@ -291,3 +291,34 @@ def test_model_dtype_that_cannot_apply_names_the_key():
         cast_dtype(model, "float32")
     with pytest.raises(TypeError, match="model must be a local model directory or a torch.nn.Module"):
         grpo.Trainer(42, reward_funcs=[digits], train_dataset=ROWS)
+
+
+def test_rewards_default_to_the_embedded_tasks_and_a_dataset_needs_one(tmp_path):
+    """No reward named: the embedded task's own (declared with the task); on a user dataset (in memory or
+    a file) a one-line error before anything is written, through the API and the CLI."""
+    from grpo.cli.main import main
+    from grpo.data.tasks import arithmetic
+
+    model, tok = micro()
+    trainer = grpo.Trainer(model, tokenizer=tok, config=tiny(tmp_path / "task"))
+    assert [n for n, _ in trainer.rewards] == list(arithmetic.DEFAULT_REWARDS) == ["accuracy", "format"]
+    assert trainer.config.reward.functions == ["accuracy", "format"]             # config.yaml records them
+    with pytest.raises(ConfigError, match=r"^no reward function for dataset train_dataset \(in memory\): pass "
+                                          r"--reward NAME \(CLI\), reward_funcs=\[...\] \(Python\)"):
+        grpo.Trainer(model, tokenizer=tok, train_dataset=ROWS, config=tiny(tmp_path / "mem"))
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / "cli"
+    assert main(["train", "--dataset", str(data), "--output-dir", str(out), "--max-steps", "1"]) == 2
+    assert not out.exists() or not any(out.iterdir())                            # nothing written
+
+
+def test_progress_bar_shows_the_first_reward_functions_mean(tmp_path):
+    from grpo.state.metrics import MetricsLogger
+
+    logger = MetricsLogger(tmp_path / "m.jsonl", 2, progress_bar=True)
+    with logger:
+        logger.log({"step": 1, "reward/total/mean": 0.5, "reward/correctness/mean": 0.25, "reward/fmt/mean": 1.0,
+                    "completion/length_mean": 7.0, "kl/mean": 0.01})
+        shown = logger.bar.postfix
+    assert "correctnes=0.25" in shown and "fmt" not in shown and "acc" not in shown

@@ -84,7 +84,8 @@ def test_a_config_object_with_an_infinite_lr_or_weight_is_rejected_by_validate()
     with pytest.raises(ConfigError, match="optim.lr must be a finite number > 0, got inf"):
         validate(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=float("inf"))))
     with pytest.raises(ConfigError, match=r"reward.weights must be finite numbers, got \[1.0, nan\]"):
-        validate(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, weights=[1.0, float("nan")])))
+        validate(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, functions=["a", "b"],
+                                                                         weights=[1.0, float("nan")])))
 
 
 @pytest.mark.parametrize("name,why", [

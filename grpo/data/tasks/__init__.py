@@ -1,8 +1,20 @@
-"""Tasks with a problem generator and a verifier (currently: arithmetic)."""
+"""Tasks with a problem generator and a verifier (currently: arithmetic), and their own choices:
+each task module names the rewards a run on it uses when none is given (``DEFAULT_REWARDS``)."""
 
+from grpo.config import Config, ConfigError
 from grpo.data.tasks import arithmetic
 
-#: Embedded tasks by name (`data.task`): each has generate(split, n, seed) and a verifier.
+#: Embedded tasks by name (`data.task`): each has generate(split, n, seed), a verifier and DEFAULT_REWARDS.
 TASKS = {"arithmetic": arithmetic}
 
-__all__ = ["TASKS", "arithmetic"]
+
+def default_reward_functions(cfg: Config, dataset: str | None) -> list[str]:
+    """The reward specs of a run that names none: the embedded task's own (`data.task`), or, on a user
+    dataset (`dataset`: its path or description), a one-line ConfigError asking for one."""
+    if dataset:
+        raise ConfigError(f"no reward function for dataset {dataset}: pass --reward NAME (CLI), reward_funcs=[...] "
+                          f"(Python) or reward.functions (config); built-ins: see `grpo rewards --help`")
+    return list(TASKS[cfg.data.task].DEFAULT_REWARDS)
+
+
+__all__ = ["TASKS", "arithmetic", "default_reward_functions"]

@@ -24,6 +24,8 @@ from grpo.rewards.text import (ANSWER_CLOSE, ANSWER_OPEN, TAGS, THINK_CLOSE, THI
                                answer_block, integer_answer_correct, parse_int, think_answer_parts)
 
 SPLITS = ("train", "test")
+#: The rewards of a run on this task when none is named (integer answer, and the think/answer format).
+DEFAULT_REWARDS = ("accuracy", "format")
 
 
 @dataclass(frozen=True)
