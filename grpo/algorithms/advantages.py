@@ -121,18 +121,18 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4,
 
 
 def dr_grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4,
-                       scale_rewards: str = "group") -> Advantages:
+                       scale_rewards: str = "none") -> Advantages:
     """Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training"): no std division.
 
         A_i = r_i - mean(r_group)
 
-    ``scale_rewards`` is ignored: Dr. GRPO is by definition unscaled (it equals ``grpo`` with
-    ``scale_rewards="none"``).
+    The registry name ``dr_grpo`` is an alias: this is :func:`grpo_advantages` with
+    ``scale_rewards="none"`` (the one implementation); ``algorithm.advantage_estimator: dr_grpo`` with
+    ``algorithm.scale_rewards: batch`` is refused by the config checks.
 
     Shape: [N] -> [N]
     """
-    r, s = _groups(rewards, group_size, "dr_grpo_advantages")
-    return _result(_centred(r, s), s)
+    return grpo_advantages(rewards, group_size, eps, "none")
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4,

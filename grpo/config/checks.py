@@ -121,6 +121,13 @@ def validate(cfg: Config) -> None:
         (cfg.train.resume.strip() != "", "train.resume must be never | auto | a checkpoint directory"),
         (not cfg.reward.process_functions or cfg.reward.step_delimiter != "",
          "reward.step_delimiter may not be empty when reward.process_functions is set"),
+        (not (cfg.algorithm.advantage_estimator == "dr_grpo" and cfg.algorithm.scale_rewards == "batch"),
+         "algorithm.advantage_estimator=dr_grpo means algorithm.scale_rewards=none (no std division); "
+         "got algorithm.scale_rewards=batch: use advantage_estimator=grpo for a batch std"),
+        (not (cfg.algorithm.overlong_cache_fraction > 0
+              and any(spec.split(":")[0] == "soft_overlong" for spec in cfg.reward.functions)),
+         "soft overlong punishment given twice: reward.functions has soft_overlong and "
+         "algorithm.overlong_cache_fraction > 0; keep one (algorithm.overlong_cache_fraction is the trainer's way)"),
         (cfg.reward.weights is None or len(cfg.reward.weights) == len(cfg.reward.functions),
          "reward.weights must have one weight per entry of reward.functions"),
         (cfg.reward.weights is None or all(math.isfinite(w) for w in cfg.reward.weights),

@@ -120,8 +120,9 @@ class AlgorithmConfig:
                             "token-mean | seq-mean-token-sum | seq-mean-token-sum-norm.")
     loss_norm_length: int = _f(0, "Constant L of seq-mean-token-sum-norm (0 = rollout.max_new_tokens).")
     num_iterations: int = _f(1, "mu: optimizer steps per generation batch (old log-probs stored).")
-    scale_rewards: str = _f("group", "Std used by the grpo estimator (as TRL): group | batch | none (no division); "
-                            "dr_grpo, rloo, reinforce_pp ignore it.")
+    scale_rewards: str = _f("group", "Std used by the grpo estimator (as TRL): group | batch | none (no division). "
+                            "advantage_estimator=dr_grpo is an alias of grpo with none (batch is refused); rloo and "
+                            "reinforce_pp ignore it.")
     reward_combination: str = _f("sum_then_normalize", "How several reward functions combine (registry in "
                                  "grpo/algorithms/advantages.py): sum_then_normalize | normalize_then_sum (MO-GRPO / GDPO).")
     importance_sampling_level: str = _f("token", "Importance ratio (registry in grpo/algorithms/loss.py): token (GRPO) | "
@@ -140,7 +141,9 @@ class AlgorithmConfig:
                           "token_efficiency (reward / length, higher kept).")
     overlong_filter: bool = _f(False, "DAPO overlong filtering: truncated completions are masked out of the loss.")
     overlong_cache_fraction: float = _f(0.0, "DAPO soft overlong punishment: L_cache as a fraction of "
-                                        "rollout.max_new_tokens (DAPO: 0.2; 0 = off).")
+                                        "rollout.max_new_tokens (DAPO: 0.2; 0 = off). The canonical way; the "
+                                        "soft_overlong reward is the same penalty as a reward function, and giving "
+                                        "both is an error.")
     overlong_penalty_factor: float = _f(1.0, "Scale of the soft overlong penalty added to the reward.")
     ref_update_steps: int = _f(0, "Refresh the reference policy every this many steps (0 = never).")
     ref_mix_alpha: float = _f(1.0, "Reference refresh: ref <- alpha * policy + (1 - alpha) * ref (1.0 = copy).")

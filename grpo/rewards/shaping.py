@@ -104,8 +104,10 @@ def make_soft_overlong(max_len: int = 1000, cache: int = 200, factor: float = 1.
             0 for L <= L_max - L_cache;  ((L_max - L_cache) - L) / L_cache up to L_max;  -1 beyond,
 
         times ``factor``. Defaults L_max = 1000, L_cache = 200 (DAPO's 20%), factor 1.0. L in tokens
-        from ``completion_ids`` (else whitespace-separated words). The trainer-level alternative is
-        ``algorithm.overlong_cache_fraction``, which uses rollout.max_new_tokens as L_max.
+        from ``completion_ids`` (else whitespace-separated words). The same penalty
+        (grpo.algorithms.shaping.soft_overlong_penalty) as the canonical trainer setting
+        ``algorithm.overlong_cache_fraction`` (L_max = rollout.max_new_tokens), for configs written as
+        reward functions; configuring both is an error.
         """
         lengths = torch.tensor(completion_lengths(completions, completion_ids), dtype=torch.float32, device="cpu")
         return soft_overlong_penalty(lengths, max_len, cache, factor).tolist()
