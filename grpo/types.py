@@ -1,6 +1,8 @@
 """Typed values passed between the stages of one training step (data flows one way).
 
-``PromptBatch`` -> ``Generation`` (grpo.rollout) -> ``Scored`` -> ``TrainBatch``.
+``PromptBatch`` -> ``Generation`` (rollout) -> ``Scored`` (rewards) -> ``Groups`` -> ``TrainBatch`` and
+``Experience`` (training/experience) -> ``UpdateStats`` (training/update) -> ``StepSummary`` (metrics);
+``TrainState`` is what a checkpoint holds.
 Shapes: B prompts, G completions each, N = B * G rows; P prompt length, T completion length.
 """
 
@@ -10,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from grpo.algorithms.advantages import Advantages
 
 
 @dataclass
@@ -52,6 +56,88 @@ class TrainBatch:
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return TrainBatch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx],
                           self.advantages[idx], pick(self.old_logprobs), pick(self.ref_logprobs))
+
+
+
+@dataclass
+class Generation:
+    """Output of :func:`sample`; N = B * G rows, row ``i * G + g`` is sample ``g`` of prompt ``i``.
+
+    Shape:
+        prompt_ids, prompt_mask: [N, P] long, left-padded, mask 1 on real prompt tokens.
+        completion_ids: [N, T] long, ``pad_token_id`` after EOS; T = longest completion produced.
+        completion_mask: [N, T] long, 1 up to and including the EOS token, 0 after.
+        sampling_logprobs: [N, T] float32, log-prob of each token under the distribution it was
+            sampled from (after temperature / top-k / top-p); 0 where the mask is 0.
+        truncated: [N] bool, True when the completion hit ``max_new_tokens`` without EOS.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    truncated: torch.Tensor
+
+
+@dataclass
+class Groups:
+    """Completions of whole groups (rows i*G .. i*G+G-1 belong to one prompt), scored."""
+
+    gen: Generation
+    prompts: list[Any]                       # [N] prompt of each row, as reward functions see it
+    columns: dict[str, list[Any]]            # [N] values of every other dataset column
+    completions: list[str]                   # [N] decoded texts (rewards get them as chat_completions)
+    per_function: torch.Tensor               # [N, R] rewards, NaN = None
+    total: torch.Tensor                      # [N] combined reward (NaN = no reward at all)
+    sample_s: float = 0.0                    # seconds spent sampling these completions
+    errors: dict[str, int] = field(default_factory=dict)  # per function: rewards zeroed after an error
+
+
+@dataclass
+class Experience:
+    """Everything one GRPO step trains on (grpo.training.experience.make_experience)."""
+
+    batch: TrainBatch
+    groups: Groups
+    scored: Scored
+    advantages: Advantages                   # grpo.algorithms.advantages: values [N] or [N, T], group counts
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> StepSummary:
+        """What the step's metrics read (merged over ranks under torchrun: grpo.types.StepSummary.merge)."""
+        gen = self.groups.gen
+        return StepSummary(self.scored, gen.completion_mask, gen.truncated, self.advantages.zero_std_groups,
+                           self.advantages.num_groups, self.groups.sample_s, dict(self.metrics))
+
+
+@dataclass
+class UpdateStats:
+    """What one policy update reports (grpo.training.update.policy_update)."""
+
+    loss: float
+    policy_loss: float
+    kl_loss: float
+    kl: float               # mean per-token KL(pi_theta || pi_ref) estimate (nan when beta == 0)
+    clip_fraction: float    # share of active tokens whose ratio was clipped
+    entropy: float          # mean per-token entropy of the policy
+    grad_norm: float        # before clipping
+    lr: float
+    skipped: bool           # True when the loss or gradient was not finite (no step taken)
+    dual_clip_fraction: float = 0.0  # share of loss tokens capped by the dual clip (clip_ratio_c)
+    entropy_loss: float = 0.0        # the -entropy_coef * H share of the loss
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint captures and a resume restores."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    reference: Any                 # None, grpo.modeling.reference.FrozenCopy or AdapterDisabled
+    stream: Any                    # grpo.data.prompts.PromptStream; its position also keys the sampling (grpo/rollout/keyed.py)
 
 
 #: Step metrics that add up over ranks (the others are averaged): counts, not rates.

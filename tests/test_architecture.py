@@ -18,7 +18,7 @@ PACKAGE = Path(grpo.__file__).parent
 ALLOWED: dict[str, set[str]] = {
     "algorithms": set(),                                            # pure math: nothing from grpo
     "events": set(),
-    "types": {"config"},
+    "types": {"config", "algorithms"},
     "config": {"algorithms"},                                       # validation reads the registries
     "modeling": {"config", "types", "events"},
     "rewards": {"config", "types", "algorithms", "modeling"},

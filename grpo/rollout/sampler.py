@@ -27,30 +27,10 @@ import torch.nn.functional as F
 from grpo.modeling.precision import cast_frozen_linears
 from grpo.modeling.decoder import LeanDecoder, StaticCache, lean_decoder, positions_from_mask
 from grpo.rollout.keyed import row_keys, token_uniforms
+from grpo.types import Generation  # noqa: F401  (the output of sample)
 
 #: Decode steps whose uniforms are computed at once (one hash of [n, 32] instead of 32 hashes of [n]).
 UNIFORM_BLOCK = 32
-
-
-@dataclass
-class Generation:
-    """Output of :func:`sample`; N = B * G rows, row ``i * G + g`` is sample ``g`` of prompt ``i``.
-
-    Shape:
-        prompt_ids, prompt_mask: [N, P] long, left-padded, mask 1 on real prompt tokens.
-        completion_ids: [N, T] long, ``pad_token_id`` after EOS; T = longest completion produced.
-        completion_mask: [N, T] long, 1 up to and including the EOS token, 0 after.
-        sampling_logprobs: [N, T] float32, log-prob of each token under the distribution it was
-            sampled from (after temperature / top-k / top-p); 0 where the mask is 0.
-        truncated: [N] bool, True when the completion hit ``max_new_tokens`` without EOS.
-    """
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    sampling_logprobs: torch.Tensor
-    truncated: torch.Tensor
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -32,6 +32,7 @@ from grpo.state.checkpoint import (CheckpointError, list_checkpoints, remove_sta
                              save_checkpoint, verify_checkpoint)
 from grpo.config import Config, ConfigError, to_dict
 from grpo.state.metrics import truncate_metrics
+from grpo.types import TrainState  # noqa: F401  (what a checkpoint captures)
 from grpo.state.resume_config import apply_optimizer_settings, refuse_changes
 
 log = logging.getLogger(__name__)
@@ -40,18 +41,6 @@ log = logging.getLogger(__name__)
 NEUTRAL_KEYS = {"train.resume", "train.output_dir", "train.save_steps", "train.save_total_limit", "train.save_final",
                 "train.max_bad_steps", "log.progress_bar", "train.parallel", "log.report_to", "log.project",
                 "log.run_name"}
-
-
-@dataclass
-class TrainState:
-    """Everything a checkpoint captures and a resume restores."""
-
-    model: torch.nn.Module
-    tokenizer: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    reference: Any                 # None, grpo.modeling.reference.FrozenCopy or AdapterDisabled
-    stream: Any                    # grpo.data.prompts.PromptStream; its position also keys the sampling (grpo/rollout/keyed.py)
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,44 +29,17 @@ from grpo.rollout import Generation, sample
 from grpo.rollout.batching import concat_generations, select_rows
 from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
                           soft_overlong_penalty, token_step_ids, top_entropy_mask)
-from grpo.types import Scored, StepSummary, TrainBatch
+from grpo.types import Experience, Groups, Scored, StepSummary, TrainBatch  # noqa: F401
 from grpo.training.update import micro_batch_tokens
 
 
-@dataclass
-class Groups:
-    """Completions of whole groups (rows i*G .. i*G+G-1 belong to one prompt), scored."""
-
-    gen: Generation
-    prompts: list[Any]                       # [N] prompt of each row, as reward functions see it
-    columns: dict[str, list[Any]]            # [N] values of every other dataset column
-    completions: list[str]                   # [N] decoded texts (rewards get them as chat_completions)
-    per_function: torch.Tensor               # [N, R] rewards, NaN = None
-    total: torch.Tensor                      # [N] combined reward (NaN = no reward at all)
-    sample_s: float = 0.0                    # seconds spent sampling these completions
-    errors: dict[str, int] = field(default_factory=dict)  # per function: rewards zeroed after an error
-
-    def select(self, index: torch.Tensor) -> "Groups":
-        idx = index.tolist()
-        return Groups(select_rows(self.gen, index), [self.prompts[i] for i in idx],
-                      {k: [v[i] for i in idx] for k, v in self.columns.items()},
-                      [self.completions[i] for i in idx], self.per_function[index], self.total[index],
-                      self.sample_s, self.errors)
-
-
-@dataclass
-class Experience:
-    batch: TrainBatch
-    groups: Groups
-    scored: Scored
-    advantages: Advantages
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def summary(self) -> StepSummary:
-        """What the step's metrics read (merged over ranks under torchrun: grpo.types.StepSummary.merge)."""
-        gen = self.groups.gen
-        return StepSummary(self.scored, gen.completion_mask, gen.truncated, self.advantages.zero_std_groups,
-                           self.advantages.num_groups, self.groups.sample_s, dict(self.metrics))
+def select_groups(groups: Groups, index: torch.Tensor) -> Groups:
+    """The rows `index` (LongTensor [M]) of `groups`, in that order."""
+    idx = index.tolist()
+    return Groups(select_rows(groups.gen, index), [groups.prompts[i] for i in idx],
+                  {k: [v[i] for i in idx] for k, v in groups.columns.items()},
+                  [groups.completions[i] for i in idx], groups.per_function[index], groups.total[index],
+                  groups.sample_s, groups.errors)
 
 
 def decode_completions(tokenizer, gen: Generation) -> list[str]:
@@ -131,7 +103,7 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index:
     groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s, scored.errors)
     if algo.gfpo_sample_size:              # GFPO: keep G of the k samples of each prompt
         lengths = lengths_of(gen).to(total.device)
-        groups = groups.select(gfpo_select(total, lengths, k, ro.num_generations, algo.gfpo_metric))
+        groups = select_groups(groups, gfpo_select(total, lengths, k, ro.num_generations, algo.gfpo_metric))
     return groups
 
 
@@ -164,9 +136,9 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
         good = [i for i, ok in enumerate(informative) if ok]
         bad = [i for i, ok in enumerate(informative) if not ok]
         if good:
-            kept.append(current.select(group_rows(good, G)))
+            kept.append(select_groups(current, group_rows(good, G)))
         if bad:
-            spare.append(current.select(group_rows(bad, G)))
+            spare.append(select_groups(current, group_rows(bad, G)))
         have = sum(p.total.numel() for p in kept) // G
         if have >= B or tries >= algo.max_sampling_tries:
             break
@@ -178,7 +150,7 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
         errors.update(current.errors)
     informative_count = sum(p.total.numel() for p in kept) // G
     parts = kept + spare
-    groups = concat_groups(parts, tokenizer.pad_token_id).select(torch.arange(B * G, device="cpu"))
+    groups = select_groups(concat_groups(parts, tokenizer.pad_token_id), torch.arange(B * G, device="cpu"))
     groups.sample_s, groups.errors = sample_s, dict(errors)
     return groups, {"sampling/groups_drawn": float(drawn), "sampling/extra_rounds": float(tries),
                     "sampling/informative_groups": float(min(informative_count, B))}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -18,22 +17,7 @@ from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.algorithms.loss import AGGREGATIONS, grpo_loss
 from grpo.modeling.precision import active_dtype, cast_frozen_linears, cast_trainable_linears, loss_scaler, paused
-from grpo.types import TrainBatch
-
-
-@dataclass
-class UpdateStats:
-    loss: float
-    policy_loss: float
-    kl_loss: float
-    kl: float               # mean per-token KL(pi_theta || pi_ref) estimate (nan when beta == 0)
-    clip_fraction: float    # share of active tokens whose ratio was clipped
-    entropy: float          # mean per-token entropy of the policy
-    grad_norm: float        # before clipping
-    lr: float
-    skipped: bool           # True when the loss or gradient was not finite (no step taken)
-    dual_clip_fraction: float = 0.0  # share of loss tokens capped by the dual clip (clip_ratio_c)
-    entropy_loss: float = 0.0        # the -entropy_coef * H share of the loss
+from grpo.types import TrainBatch, UpdateStats  # noqa: F401
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
