@@ -71,3 +71,22 @@ def test_help_config_lists_keys(capsys):
 def test_module_entry_point_help():
     out = subprocess.run([sys.executable, "-m", "grpo", "train", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--section.key" in out.stdout
+
+
+def test_eval_on_the_embedded_task_and_on_a_dataset(micro_dir, tmp_path, capsys):
+    """`grpo eval` reports each reward's mean: the task's own rewards on its held-out split; on a dataset
+    the named rewards over its first N rows (its columns reach them); a dataset without --reward is the
+    one-line error, exit 2."""
+    assert main(["eval", "--model", str(micro_dir), "--problems", "4", "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out.split()
+    assert out[0::2] == ["accuracy", "format", "completion_length"]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "target": str(a + 1)}) + "\n" for a in range(5)))
+    reward = tmp_path / "r.py"
+    reward.write_text("def seen(completions, target, **kw):\n    return [float(len(t)) for t in target]\n")
+    assert main(["eval", "--model", str(micro_dir), "--dataset", str(data), "--problems", "3",
+                 "--reward", f"{reward}:seen", "--max-new-tokens", "3"]) == 0
+    lines = dict(line.split() for line in capsys.readouterr().out.strip().splitlines())
+    assert float(lines["seen"]) == 1.0 and float(lines["completion_length"]) <= 3
+    assert main(["eval", "--model", str(micro_dir), "--dataset", str(data)]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"error: no reward function for dataset {data}: pass --reward")
