@@ -46,6 +46,8 @@ class TrainBatch:
     advantages: torch.Tensor           # [N] one per completion (broadcast to its tokens) or [N, T] per token
     old_logprobs: torch.Tensor | None  # [N, T] log pi_old (None when mu == 1: pi_old = pi_theta.detach())
     ref_logprobs: torch.Tensor | None  # [N, T] log pi_ref (None when beta == 0)
+    sampling_logprobs: torch.Tensor | None = None   # [N, T] what the rollout sampled with (None: top-k/top-p
+                                                    # filtered or greedy, not comparable with the policy's)
 
     @property
     def completion_length(self) -> int:
@@ -55,7 +57,8 @@ class TrainBatch:
         """A micro-batch: the same fields restricted to rows `idx`."""
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return TrainBatch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx],
-                          self.advantages[idx], pick(self.old_logprobs), pick(self.ref_logprobs))
+                          self.advantages[idx], pick(self.old_logprobs), pick(self.ref_logprobs),
+                          pick(self.sampling_logprobs))
 
 
 
@@ -126,6 +129,7 @@ class UpdateStats:
     skipped: bool           # True when the loss or gradient was not finite (no step taken)
     dual_clip_fraction: float = 0.0  # share of loss tokens capped by the dual clip (clip_ratio_c)
     entropy_loss: float = 0.0        # the -entropy_coef * H share of the loss
+    rollout_logprob_diff: float = float("nan")   # mean |log pi_theta - log pi_sampler| per loss token (mu = 1)
 
 
 @dataclass

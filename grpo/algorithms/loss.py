@@ -148,6 +148,15 @@ AGGREGATIONS: dict[str, Aggregation] = {
 }
 
 
+def logprob_gap(logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> float:
+    """Training-inference mismatch: mean |log pi(o_t) - log pi_sampler(o_t)| over the tokens of `mask`,
+    the same policy's log-probs from the training forward and from the rollout (0 up to numerics; bf16
+    rollouts or a different kernel show here). Shape: [n, T] x3 -> float (NaN without tokens)."""
+    m = mask.to(logp.dtype)
+    count = float(m.sum())
+    return float(((logp.detach() - sampled).abs() * m).sum()) / count if count else float("nan")
+
+
 # ---------------------------------------------------------------- the full objective
 
 

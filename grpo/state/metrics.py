@@ -51,6 +51,7 @@ def step_metrics(step: int, exp: StepSummary, u: dict[str, float], times: dict[s
         **exp.metrics, "advantages/zero_std_frac": exp.zero_std_groups / exp.num_groups,
         "loss/total": u["loss"], "loss/policy": u["policy_loss"], "loss/kl": u["kl_loss"],
         "kl/mean": u["kl"], "policy/clip_frac": u["clip_fraction"], "policy/entropy": u["entropy"],
+        "rollout/logprob_diff": exp.metrics.get("rollout/logprob_diff", u["rollout_logprob_diff"]),
         "optim/grad_norm": u["grad_norm"], "optim/lr": u["lr"], "optim/skipped_steps": u["skipped"],
         "time/step_s": times["step_s"], "time/rollout_s": exp.sample_s, "time/experience_s": times["experience_s"],
         "time/update_s": times["update_s"],

@@ -21,7 +21,7 @@ from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, A
 from grpo.config import Config
 from grpo.data.prompts import PromptStream, tokenize_prompts
 from grpo.modeling.logprobs import fixed_logprobs
-from grpo.algorithms.loss import KL_ESTIMATORS
+from grpo.algorithms.loss import KL_ESTIMATORS, logprob_gap
 from grpo.rewards import score
 from grpo.rewards.process import score_steps
 from grpo.rewards.text import chat_completions
@@ -206,8 +206,12 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
         entropy = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget,
                                  with_entropy=True)[1]                   # [N, T] within the token budget
         mask = top_entropy_mask(entropy, mask, algo.top_entropy_rho)
+    comparable = ro.temperature > 0 and ro.top_k == 0 and ro.top_p >= 1.0   # the sampler's own distribution
+    sampled = gen.sampling_logprobs if comparable else None                 # [N, T]
+    if old is not None and sampled is not None:          # the sampler vs a forward of the same policy
+        metrics["rollout/logprob_diff"] = logprob_gap(old, sampled, gen.completion_mask)
     if algo.num_iterations == 1:
         old = None                                       # pi_old = pi_theta.detach() in the update
-    batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref)
+    batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref, sampled)
     scored = Scored(names=[n for n, _ in rewards], per_function=groups.per_function, total=total, errors=groups.errors)
     return Experience(batch, groups, scored, adv, metrics)

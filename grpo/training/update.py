@@ -15,7 +15,7 @@ import torch
 from grpo.algorithms.schedule import lr_factor
 from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
-from grpo.algorithms.loss import AGGREGATIONS, grpo_loss
+from grpo.algorithms.loss import AGGREGATIONS, grpo_loss, logprob_gap
 from grpo.modeling.precision import active_dtype, cast_frozen_linears, cast_trainable_linears, loss_scaler, paused
 from grpo.types import TrainBatch, UpdateStats  # noqa: F401
 
@@ -145,7 +145,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
     normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
-    loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = 0.0
+    loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = gap_sum = gap_tokens = 0.0
     buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
                                                              micro_batch_tokens))   # FSDP2: same count on every rank
     with cast_frozen_linears(model, device), cast_trainable_linears(model, device):   # autocast: weights cast once
@@ -163,6 +163,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                 scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average
                 with paused(device):
                     (scaled if scaler is None else scaler.scale(scaled)).backward()
+            if mb.old_logprobs is None and mb.sampling_logprobs is not None:    # mu = 1: the sampling policy
+                gap_sum += logprob_gap(logp, mb.sampling_logprobs, mb.completion_mask) * float(mb.completion_mask.sum())
+                gap_tokens += float(mb.completion_mask.sum())
             loss += float(terms.loss.detach())
             policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
             clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
@@ -190,4 +193,5 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     return UpdateStats(loss=loss, policy_loss=policy, kl_loss=kl_loss,
                        kl=kl_sum / tokens_ if beta > 0 else float("nan"),
                        clip_fraction=clipped / tokens_, entropy=ent_sum / tokens_, grad_norm=grad_norm,
-                       lr=lr, skipped=skipped, dual_clip_fraction=dual / tokens_, entropy_loss=ent_loss)
+                       lr=lr, skipped=skipped, dual_clip_fraction=dual / tokens_, entropy_loss=ent_loss,
+                       rollout_logprob_diff=gap_sum / gap_tokens if gap_tokens else float("nan"))

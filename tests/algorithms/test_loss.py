@@ -355,3 +355,13 @@ def test_bad_algorithm_values_are_rejected_naming_the_key(key, value):
 def test_good_algorithm_values_are_accepted(key, value):
     cfg = build_config(overrides={f"algorithm.{key}": value, "rollout.num_generations": 8})
     assert getattr(cfg.algorithm, key) == value
+
+
+def test_logprob_gap_is_the_masked_mean_absolute_difference():
+    from grpo.algorithms.loss import logprob_gap
+
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
+    sampled = torch.tensor([[-1.5, -2.0, -9.0], [-0.25, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    assert logprob_gap(logp, sampled, mask) == pytest.approx((0.5 + 0.0 + 0.25 + 0.5) / 4)
+    assert math.isnan(logprob_gap(logp, sampled, torch.zeros_like(mask)))

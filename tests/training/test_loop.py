@@ -210,3 +210,20 @@ def test_deterministic_mode_reproduces_and_restores_the_global_setting(tmp_path)
     wa, wb = final_weights(a.checkpoint), final_weights(b.checkpoint)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert records(tmp_path / "a") == records(tmp_path / "b")
+
+
+def test_rollout_logprob_diff_reports_the_sampler_against_the_training_forward(tmp_path):
+    """Generation.sampling_logprobs feed `rollout/logprob_diff`: ~0 in fp32 (the same policy through the
+    KV-cached sampler and the training forward), from the update's first pass with mu = 1 and from the
+    old-policy pass with mu = 2; null when top-k makes the sampler's distribution another one."""
+    from tests.run_helpers import make_micro_dir, make_reward, records, run_in_process, tiny_config
+
+    model_dir, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
+    for mu in (1, 2):
+        out = tmp_path / f"mu{mu}"
+        run_in_process(tiny_config(model_dir, reward, out, **{"train.max_steps": 2, "algorithm.num_iterations": mu}))
+        gaps = [r["rollout/logprob_diff"] for r in records(out)]
+        assert all(g is not None and 0 <= g < 1e-3 for g in gaps), gaps
+    out = tmp_path / "topk"
+    run_in_process(tiny_config(model_dir, reward, out, **{"train.max_steps": 1, "rollout.top_k": 5}))
+    assert records(out)[0]["rollout/logprob_diff"] is None
