@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from grpo.cli.evaluation import add_parser as add_eval_parser
 from grpo.config import ConfigError, build_config, field_help, load_yaml
 
 # Common options with flags of their own, and the config key each one sets.
@@ -129,34 +130,6 @@ def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
-    from grpo.training.evaluate import evaluate
-    from grpo.state.model_files import load_checkpoint
-    from grpo.modeling.models import EMBEDDED_MODEL_DIR
-    from grpo.rewards import load_reward
-    from grpo.data.tasks import TASKS
-
-    from grpo.config import build_config
-    from grpo.data.prompts import load_prompts
-    from grpo.data.tasks import default_reward_functions
-
-    cfg = build_config(overrides={"data.dataset": args.dataset or "", "data.split": args.split, "data.task": args.task,
-                                  "train.seed": args.seed})
-    specs = args.reward or default_reward_functions(cfg, args.dataset)     # a dataset needs --reward
-    rewards = [load_reward(r) for r in specs]
-    model, tokenizer = load_checkpoint(args.model or str(EMBEDDED_MODEL_DIR))  # full model or LoRA adapter
-    if args.dataset:
-        rows = load_prompts(cfg.data, args.seed, tokenizer).rows
-        rows = rows[:args.problems] if args.problems > 0 else rows
-    else:
-        rows = TASKS[args.task].generate("test", args.problems, seed=args.seed)
-    scores = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
-                      temperature=args.temperature, seed=args.seed)
-    for name, value in scores.items():
-        print(f"{name:20s} {value:.4f}")
-    return 0
-
-
 def cmd_presets(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.config.presets import format_presets
 
@@ -224,21 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("eval", help="Mean rewards of a policy's completions on a dataset, or on the embedded "
-                                    "task's held-out split.")
-    p.add_argument("--model", help="Model directory or checkpoint (default: the embedded base policy).")
-    p.add_argument("--dataset", help="Prompt dataset (file or saved dataset; its other columns reach the rewards). "
-                                     "Default: the embedded task's held-out split.")
-    p.add_argument("--split", default="train", help="Split of --dataset (default: train).")
-    p.add_argument("--task", default="arithmetic", help="Embedded task without --dataset (default: arithmetic).")
-    p.add_argument("--problems", type=int, default=256,
-                   help="Problems: held-out ones of the task, or the first N rows of --dataset (0 = all; default 256).")
-    p.add_argument("--reward", action="append", help="Reward functions to report (the task's own without "
-                                                    "--dataset: accuracy, format; required with --dataset).")
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=48)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default).")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_eval)
+    add_eval_parser(sub)
 
     p = sub.add_parser("presets", help="Print every algorithm preset (paper and settings).")
     p.set_defaults(func=cmd_presets)

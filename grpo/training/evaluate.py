@@ -4,10 +4,11 @@ the Python API, the demo and `grpo sft` all decode through :func:`generate_texts
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from grpo.algorithms.sampling_metrics import maj_at_k, pass_at_k
 from grpo.data.prompts import tokenize_prompts
 from grpo.rewards import RewardFn, score
 from grpo.rewards.text import chat_completions
@@ -69,3 +70,57 @@ def evaluate(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[s
     out = {name: sums[name] / max(counts[name], 1) for name in sums}
     out["completion_length"] = lengths / max(len(rows), 1)
     return out
+
+
+@torch.no_grad()
+def evaluate_samples(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[str, RewardFn]], *,
+                     num_samples: int, ks: list[int], maj: bool = False, threshold: float = 0.5,
+                     extract: Callable[[str], str | None] | None = None, max_new_tokens: int = 48,
+                     batch_size: int = 64, temperature: float = 1.0, seed: int = 0, timeout_s: float = 0.0,
+                     on_error: str = "raise") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`num_samples` completions per row, scored: (summary, one record per row).
+
+    A sample is correct when the first reward function gives it >= `threshold`. The summary holds pass@1
+    (mean correctness over all samples), unbiased pass@k for each k of `ks` (grpo.algorithms.sampling_metrics),
+    maj@k with `maj` (answers from `extract`, default the last <answer> block or \\boxed{}, grouped by
+    math-verify equivalence), every reward's mean and the mean completion length in tokens.
+    """
+    from grpo.rewards.math_answer import answers_match, final_answer
+    from grpo.training.experience import repeat_each, reward_columns
+
+    extract = extract or final_answer
+    if any(not 1 <= k <= num_samples for k in ks):
+        raise ValueError(f"every k must be in 1..{num_samples} (the samples per problem), got {ks}")
+    names, records = [n for n, _ in rewards], []
+    for start in range(0, len(rows), batch_size):
+        batch, gen, texts = _decode(model, tokenizer, rows[start:start + batch_size], start,
+                                    max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                    num_samples=num_samples)
+        prompts = repeat_each(batch.prompts, num_samples)
+        columns = {k: repeat_each(v, num_samples) for k, v in batch.columns.items()}
+        scored = score(rewards, None, prompts, chat_completions(prompts, texts), reward_columns(columns, gen),
+                       on_error=on_error, timeout_s=timeout_s)
+        table = scored.per_function.tolist()                                  # [n * K, R]
+        lengths = gen.completion_mask.sum(dim=1).tolist()                     # [n * K]
+        for r in range(len(batch.prompts)):
+            span = range(r * num_samples, (r + 1) * num_samples)
+            samples = [{"completion": texts[i], "rewards": dict(zip(names, table[i])), "length": int(lengths[i]),
+                        "correct": table[i][0] == table[i][0] and table[i][0] >= threshold,
+                        "answer": extract(texts[i])} for i in span]
+            correct = [s["correct"] for s in samples]
+            record = {"index": start + r, "prompt": batch.prompts[r], "correct": sum(correct), "samples": samples,
+                      **{f"pass@{k}": pass_at_k(num_samples, sum(correct), k) for k in ks}}
+            if maj:
+                answers = [s["answer"] for s in samples]
+                record.update({f"maj@{k}": maj_at_k(answers, correct, k, answers_match) for k in ks})
+            records.append(record)
+    n = max(len(records), 1)
+    summary: dict[str, Any] = {"problems": len(records), "samples_per_problem": num_samples,
+                               "pass@1": sum(r["correct"] for r in records) / (n * num_samples)}
+    for key in [f"pass@{k}" for k in ks] + ([f"maj@{k}" for k in ks] if maj else []):
+        summary[key] = sum(r[key] for r in records) / n
+    for j, name in enumerate(names):
+        values = [s["rewards"][name] for r in records for s in r["samples"] if s["rewards"][name] == s["rewards"][name]]
+        summary[f"reward/{name}"] = sum(values) / len(values) if values else float("nan")
+    summary["completion_length"] = sum(s["length"] for r in records for s in r["samples"]) / (n * num_samples)
+    return summary, records

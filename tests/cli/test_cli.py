@@ -90,3 +90,24 @@ def test_eval_on_the_embedded_task_and_on_a_dataset(micro_dir, tmp_path, capsys)
     assert float(lines["seen"]) == 1.0 and float(lines["completion_length"]) <= 3
     assert main(["eval", "--model", str(micro_dir), "--dataset", str(data)]) == 2
     assert capsys.readouterr().err.strip().startswith(f"error: no reward function for dataset {data}: pass --reward")
+
+
+def test_eval_with_samples_gives_pass_and_maj_at_k(micro_dir, tmp_path, capsys):
+    """--samples 4 --k 1,4 --maj: per-problem rows and a summary whose pass@1 is the mean correctness,
+    pass@4 the unbiased estimate from each row's count, maj@k in [0, 1]; files written to --out."""
+    from grpo.algorithms.sampling_metrics import pass_at_k
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(micro_dir), "--problems", "3", "--samples", "4", "--k", "1,4", "--maj",
+                 "--temperature", "1.0", "--max-new-tokens", "6", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(rows) == 3 and all(len(r["samples"]) == 4 for r in rows)
+    assert summary["pass@1"] == pytest.approx(sum(r["correct"] for r in rows) / 12)
+    assert summary["pass@4"] == pytest.approx(sum(pass_at_k(4, r["correct"], 4) for r in rows) / 3)
+    assert 0.0 <= summary["maj@4"] <= 1.0 and set(summary) >= {"reward/accuracy", "reward/format", "completion_length"}
+    assert "pass@4" in capsys.readouterr().out
+    assert main(["eval", "--model", str(micro_dir), "--samples", "4"]) == 2              # greedy: all the same
+    assert "--samples > 1 needs --temperature > 0" in capsys.readouterr().err
+    assert main(["eval", "--model", str(micro_dir), "--samples", "2", "--k", "3", "--temperature", "1"]) == 2
+    assert "--k: every k must be in 1..--samples (2)" in capsys.readouterr().err
