@@ -3,7 +3,8 @@
 The loop calls :func:`emit` at fixed points: ``rollout`` (experience made, nothing trained yet),
 ``update`` (after each optimizer update; with mu > 1 the first fires between the mu updates),
 ``step`` (metrics logged, before any checkpoint) and ``save`` (inside a checkpoint write: model files
-written, state and manifest not yet). Listeners registered with :func:`add_listener` are called as
+written, state and manifest not yet); ``grpo sample`` emits ``sample`` after each batch of prompts is
+written (its step: the prompts done so far). Listeners registered with :func:`add_listener` are called as
 ``listener(point, step)`` in registration order; with none registered, :func:`emit` does nothing.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 Listener = Callable[[str, int], None]
-POINTS = ("rollout", "update", "step", "save")
+POINTS = ("rollout", "update", "step", "save", "sample")
 _listeners: list[Listener] = []
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from grpo.cli.evaluation import add_parser as add_eval_parser
+from grpo.cli.sample import add_parser as add_sample_parser
 from grpo.config import ConfigError, build_config, field_help, load_yaml
 
 # Common options with flags of their own, and the config key each one sets.
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     add_eval_parser(sub)
+    add_sample_parser(sub)
 
     p = sub.add_parser("presets", help="Print every algorithm preset (paper and settings).")
     p.set_defaults(func=cmd_presets)
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.argv = list(argv)
-    if args.command in ("eval", "export") and extra:
+    if args.command in ("eval", "export", "sample") and extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     from grpo.training.guards import TrainingError
 
