@@ -94,7 +94,7 @@ class Trainer:
         from grpo.training.loop import Job, run
 
         job = Job(self.config, self.model, self.tokenizer, self.records, self.rewards, self.step_rewards,
-                  self.runtime, self.callbacks)
+                  self.runtime, self.callbacks, self.eval_records)
         self.result = run(job)
         return self.result
 

@@ -62,6 +62,9 @@ class DataConfig:
                              "a `prompt` column (a string, or a list of {role, content} chat messages), other "
                              "columns go to rewards by name; empty = embedded task.")
     split: str = _f("train", "Split to use when data.dataset is a DatasetDict written by save_to_disk.")
+    eval_dataset: str | None = _f(None, "Held-out prompts evaluated every train.eval_steps (same formats and column "
+                                  "rules as data.dataset). Default: the Python API's eval_dataset, else, on the "
+                                  "embedded task, 256 problems of its held-out split.")
     column_map: dict[str, str] = _f({}, "Rename dataset columns before anything else, "
                                     "e.g. {question: prompt, solution: answer}.")
     task: str = _f("arithmetic", "Embedded task used when no dataset is given.")
@@ -182,6 +185,9 @@ class TrainConfig:
     logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto, about 32 MiB "
                                  "of float32 logits per chunk); the full [N, T, vocab] logits never exist.")
     save_steps: int = _f(0, "Also save output_dir/checkpoint-<step> every N steps (0 = only the final one).")
+    eval_steps: int = _f(0, "Evaluate the policy every N steps on data.eval_dataset, greedy, with the run's reward "
+                         "functions: eval/reward/<fn>, eval/pass@1 (first reward >= 0.5), eval/completion_length "
+                         "in metrics.jsonl (0 = off).")
     save_total_limit: int = _f(0, "Keep only the newest K checkpoints (0 = keep all).")
     resume: str = _f("never", "Continue an interrupted run: never (start at step 0) | auto (from the newest valid "
                      "checkpoint in output_dir; none yet = start at step 0) | PATH (that checkpoint directory). "

@@ -38,7 +38,7 @@ from grpo.state.resume_config import apply_optimizer_settings, refuse_changes
 log = logging.getLogger(__name__)
 
 #: Config keys that may change between a run and its resumption without a warning.
-NEUTRAL_KEYS = {"train.resume", "train.output_dir", "train.save_steps", "train.save_total_limit", "train.save_final",
+NEUTRAL_KEYS = {"train.resume", "train.output_dir", "train.eval_steps", "data.eval_dataset", "train.save_steps", "train.save_total_limit", "train.save_final",
                 "train.max_bad_steps", "log.progress_bar", "train.parallel", "log.report_to", "log.project",
                 "log.run_name"}
 

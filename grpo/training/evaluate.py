@@ -124,3 +124,28 @@ def evaluate_samples(model, tokenizer, rows: list[dict[str, Any]], rewards: list
         summary[f"reward/{name}"] = sum(values) / len(values) if values else float("nan")
     summary["completion_length"] = sum(s["length"] for r in records for s in r["samples"]) / (n * num_samples)
     return summary, records
+
+
+def eval_rows(cfg, tokenizer, records=None) -> list[dict[str, Any]]:
+    """The held-out rows of `train.eval_steps`: data.eval_dataset, else the API's `records`, else (embedded
+    task only) 256 problems of the task's held-out split; a one-line ConfigError otherwise."""
+    import dataclasses
+
+    from grpo.config import ConfigError
+    from grpo.data.prompts import load_prompts
+    from grpo.data.tasks import TASKS
+
+    if cfg.data.eval_dataset or records is not None:
+        data = dataclasses.replace(cfg.data, dataset=cfg.data.eval_dataset)
+        return load_prompts(data, cfg.train.seed, tokenizer, records=None if cfg.data.eval_dataset else records).rows
+    if cfg.data.dataset:
+        raise ConfigError("train.eval_steps needs data.eval_dataset (held-out prompts of your dataset)")
+    return TASKS[cfg.data.task].generate("test", 256, seed=cfg.train.seed)
+
+
+def eval_metrics(model, tokenizer, rows: list[dict[str, Any]], rewards: list[tuple[str, RewardFn]], cfg) -> dict[str, float]:
+    """The `eval/` metrics of one evaluation during training (greedy, the run's rewards and limits)."""
+    summary, _ = evaluate_samples(model, tokenizer, rows, rewards, num_samples=1, ks=[1], temperature=0.0,
+                                  max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed,
+                                  timeout_s=cfg.reward.timeout_s, on_error=cfg.reward.reward_errors)
+    return {f"eval/{k}": float(v) for k, v in summary.items() if k not in ("problems", "samples_per_problem")}

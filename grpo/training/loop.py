@@ -33,6 +33,7 @@ from grpo.config import Config, TrainConfig
 from grpo.data.prompts import PromptStream, load_prompts
 from grpo.training.experience import make_experience
 from grpo.state.output_dir import OutputDirLock, prepare_output_dir
+from grpo.training.evaluate import eval_metrics, eval_rows
 from grpo.training.guards import BadSteps, deterministic_mode
 from grpo.state.metrics import step_metrics
 from grpo.modeling.precision import autocast, autocast_dtype
@@ -71,6 +72,7 @@ class Job:
     step_rewards: list                # [(name, fn)] process (step) rewards
     runtime: Any                      # grpo.training.runtime.CpuRuntime | CudaRuntime
     callbacks: CallbackList = field(default_factory=CallbackList)
+    eval_records: Any = None          # the API's eval_dataset (Records), for train.eval_steps
 
 
 def seed_everything(seed: int) -> None:
@@ -140,6 +142,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         seed_everything(tc.seed)
         state, prompt_set = initial_state(job)
         model, tokenizer = state.model, state.tokenizer
+        held_out = eval_rows(cfg, tokenizer, job.eval_records) if tc.eval_steps else None   # checked before any write
         run_cfg = world.shard(state, cfg)                      # torchrun: this rank's share of the prompts
         ckpt = find_checkpoint(cfg)                            # train.resume: never | auto | PATH
         if ckpt is not None:
@@ -170,6 +173,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                     state.reference.refresh(model, algo.ref_mix_alpha)   # iterative GRPO: the reference follows
                 record = {**step_metrics(step, world.view(exp), mean_stats(stats), times, prompt_set),
                           **runtime.memory_metrics()}
+                if held_out is not None and step % tc.eval_steps == 0 and world.is_main:   # train.eval_steps
+                    record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
                 if step == first and world.is_main:
                     begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
                 logger.log(record)

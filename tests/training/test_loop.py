@@ -227,3 +227,32 @@ def test_rollout_logprob_diff_reports_the_sampler_against_the_training_forward(t
     out = tmp_path / "topk"
     run_in_process(tiny_config(model_dir, reward, out, **{"train.max_steps": 1, "rollout.top_k": 5}))
     assert records(out)[0]["rollout/logprob_diff"] is None
+
+
+def test_eval_steps_log_eval_metrics_from_the_eval_dataset(tmp_path):
+    """train.eval_steps with data.eval_dataset: every N steps metrics.jsonl holds eval/ metrics (greedy,
+    the run's rewards); a dataset run without an eval dataset is refused before anything is written."""
+    import json
+
+    import pytest
+
+    from grpo.config import ConfigError
+    from tests.run_helpers import make_micro_dir, make_reward, records, run_in_process, tiny_config
+
+    model_dir, reward = make_micro_dir(tmp_path / "micro"), make_reward(tmp_path)
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"prompt": f"{a}+2=", "answer": str(a + 2)}) + "\n" for a in range(5)))
+    out = tmp_path / "run"
+    run_in_process(tiny_config(model_dir, reward, out, **{"train.max_steps": 4, "train.eval_steps": 2,
+                                                          "data.eval_dataset": str(held)}))
+    rows = records(out)
+    name = reward.rsplit(":", 1)[1]
+    assert [("eval/pass@1" in r) for r in rows] == [False, True, False, True]
+    assert 0.0 <= rows[1]["eval/pass@1"] <= 1.0 and f"eval/reward/{name}" in rows[1]
+    assert 0 < rows[1]["eval/completion_length"] <= 6
+    data = tmp_path / "train.jsonl"
+    data.write_text(held.read_text())
+    out2 = tmp_path / "run2"
+    with pytest.raises(ConfigError, match="train.eval_steps needs data.eval_dataset"):
+        run_in_process(tiny_config(model_dir, reward, out2, **{"train.eval_steps": 2, "data.dataset": str(data)}))
+    assert not out2.exists() or not any(out2.iterdir())
