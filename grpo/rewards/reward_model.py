@@ -71,6 +71,16 @@ def reward_text(tokenizer, prompt, completion) -> tuple[str, bool]:
     return tokenizer.apply_chat_template(list(prompt) + reply, tokenize=False), False
 
 
+def encode_texts(model, tokenizer, texts: list[str], add_special_tokens: bool, limit: int) -> dict[str, torch.Tensor]:
+    """What a reward model reads: right-padded, left-truncated to `limit` tokens (the end of the completion is
+    kept), on the model's device. [n] -> input_ids, attention_mask [n, L]"""
+    tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
+    enc = tokenizer(texts, add_special_tokens=add_special_tokens, padding=True, truncation=True,
+                    max_length=limit, return_tensors="pt")
+    device = next(model.parameters()).device
+    return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+
+
 class RewardModel:
     """Callable reward ``fn(prompts=, completions=, **columns) -> list[float]`` backed by a classifier
     (called by keyword like every reward; the columns are ignored)."""
@@ -83,12 +93,7 @@ class RewardModel:
 
     def encode(self, texts: list[str], add_special_tokens: bool) -> dict[str, torch.Tensor]:
         """Right-padded, left-truncated batch on the model's device. [n] -> [n, L]"""
-        tok = self.tokenizer
-        tok.padding_side, tok.truncation_side = "right", "left"
-        enc = tok(texts, add_special_tokens=add_special_tokens, padding=True, truncation=True,
-                  max_length=self.max_length, return_tensors="pt")
-        device = next(self.model.parameters()).device
-        return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+        return encode_texts(self.model, self.tokenizer, texts, add_special_tokens, self.max_length)
 
     @torch.no_grad()
     def score_texts(self, texts: list[str], add_special_tokens: bool = True) -> list[float]:
