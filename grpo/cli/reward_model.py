@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", dest="batch_size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--held-out", dest="held_out", type=float, default=0.2, help="Share of rows kept for accuracy.")
+    p.add_argument("--history", help="Samples of earlier iterations (JSONL, labelled the same way), replayed into "
+                                     "every batch (DeepSeekMath's iterative RL: --replay 0.1).")
+    p.add_argument("--replay", type=float, default=0.1, help="Share of every batch drawn from --history (default 0.1).")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_reward_model)
 
@@ -55,25 +58,31 @@ def cmd_reward_model(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.rewards import load_reward, score
     from grpo.rewards.reward_model import reward_text
     from grpo.rewards.text import chat_completions
-    from grpo.training.reward_model_training import accuracy, new_reward_model, train_reward_model
+    from grpo.training.reward_model_training import ReplayBuffer, accuracy, new_reward_model, train_reward_model
 
-    rows = read_samples(Path(args.samples))
     label = load_reward(args.label)
-    prompts, completions = [r["prompt"] for r in rows], [r["completion"] for r in rows]
-    columns = {k: [r.get(k) for r in rows] for k in sorted({k for r in rows for k in r} - set(SKIP))}
-    values = score([label], None, prompts, chat_completions(prompts, completions), columns).per_function[:, 0]
     base = args.base or str(EMBEDDED_MODEL_DIR)
     tokenizer = load_tokenizer(base)
+
+    def labelled(path: str) -> list:
+        rows = read_samples(Path(path))
+        prompts, completions = [r["prompt"] for r in rows], [r["completion"] for r in rows]
+        columns = {k: [r.get(k) for r in rows] for k in sorted({k for r in rows for k in r} - set(SKIP))}
+        values = score([label], None, prompts, chat_completions(prompts, completions), columns).per_function[:, 0]
+        return [(*reward_text(tokenizer, p, c), int(v == v and v >= args.threshold))
+                for p, c, v in zip(prompts, completions, values.tolist())]
+
+    items = labelled(args.samples)
+    history = ReplayBuffer(labelled(args.history)) if args.history else None
     torch.manual_seed(args.seed)
     model = new_reward_model(base, tokenizer)
-    items = [(*reward_text(tokenizer, p, c), int(v == v and v >= args.threshold))
-             for p, c, v in zip(prompts, completions, values.tolist())]
     random.Random(args.seed).shuffle(items)
     cut = int(len(items) * (1 - args.held_out))
     train, held = items[:cut], items[cut:]
     before = accuracy(model, tokenizer, held) if held else float("nan")
     losses = train_reward_model(model, tokenizer, train, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                loss=args.loss, seed=args.seed)
+                                loss=args.loss, history=history, replay=args.replay if history else 0.0,
+                                seed=args.seed)
     after = accuracy(model, tokenizer, held) if held else float("nan")
     out = Path(args.out)
     model.save_pretrained(out)

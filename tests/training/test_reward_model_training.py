@@ -72,6 +72,9 @@ def test_cli_trains_a_reward_model_that_loads_as_a_reward(tmp_path, capsys):
     assert main(["reward-model", "--samples", str(samples), "--label", "format", "--out", str(out),
                  "--steps", "40", "--lr", "3e-3"]) == 0
     assert "held-out accuracy" in capsys.readouterr().out
+    again = tmp_path / "rm2"                                   # the next iteration: from rm/, replaying s.jsonl
+    assert main(["reward-model", "--samples", str(samples), "--history", str(samples), "--replay", "0.1",
+                 "--label", "format", "--base", str(out), "--out", str(again), "--steps", "3"]) == 0
     name, fn = load_reward(str(out))
     assert name == "rm:rm" and len(fn([rows[0]["prompt"]], ["<answer>1</answer>"])) == 1
     capsys.readouterr()
