@@ -156,9 +156,9 @@ def cmd_rewards_check(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
-    from grpo.training.sft import main as sft_main
+    from grpo.cli.sft import cmd_sft as run
 
-    return sft_main(extra)
+    return run(args, extra)
 
 
 class Parser(argparse.ArgumentParser):
@@ -228,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="A reward function that fails: raise (stop, default) | zero (count as 0.0).")
     p.set_defaults(func=cmd_rewards_check)
 
-    p = sub.add_parser("sft", help="Cold-start supervised fine-tuning of the embedded base policy "
-                                   "(`grpo sft --help` for its options).", add_help=False)
+    p = sub.add_parser("sft", help="Supervised fine-tuning: --dataset (prompt/completion or messages) on any "
+                                   "model with grpo train's config, or without one the embedded cold start "
+                                   "(`grpo sft --help`).", add_help=False)
     p.set_defaults(func=cmd_sft)
     return parser
 
