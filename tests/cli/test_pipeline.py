@@ -1,0 +1,79 @@
+"""`grpo pipeline`: stages in order with ${stage.output} references, a status file, skipped finished
+stages on a rerun, the eval table, and one-line errors for a bad recipe."""
+
+import json
+
+import pytest
+import yaml
+
+from grpo.cli.main import main
+from grpo.cli.pipeline import flags
+from tests.run_helpers import make_micro_dir
+
+
+def test_args_become_flags_with_references_filled_in():
+    assert flags({"model": "${a.output}", "reward": ["x", "y"], "maj": True, "dedupe": False, "k": 4},
+                 {"a": "runs/a/checkpoint-3"}) == ["--model", "runs/a/checkpoint-3", "--reward", "x", "--reward", "y",
+                                                   "--maj", "--k", "4"]
+
+
+def test_sft_grpo_eval_pipeline_runs_then_skips_finished_stages(tmp_path, capsys):
+    model = make_micro_dir(tmp_path / "micro")
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"prompt": f"{a}+1=", "completion": f"<think></think><answer>{a + 1}</answer>"})
+                           + "\n" for a in range(8)))
+    small = {"train.num_threads": 1, "log.progress_bar": "false"}
+    recipe = {"output_dir": str(tmp_path / "run"), "stages": [
+        {"name": "cold", "kind": "sft", "args": {"model": str(model), "dataset": str(sft), "max-steps": 2, **small}},
+        {"name": "rl", "kind": "grpo", "args": {"model": "${cold.output}", "max-steps": 1,
+                                                 "rollout.num_generations": 2, "train.prompts_per_step": 2,
+                                                 "rollout.max_new_tokens": 4, **small}},
+        {"name": "test", "kind": "eval", "args": {"model": "${rl.output}", "problems": 2, "max-new-tokens": 4}},
+    ]}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert main(["pipeline", str(path)]) == 0
+    status = json.loads((tmp_path / "run" / "pipeline.json").read_text())["stages"]
+    assert [s["status"] for s in status.values()] == ["done"] * 3
+    assert status["cold"]["output"].endswith("cold/checkpoint-2") and status["rl"]["output"].endswith("rl/checkpoint-1")
+    argv = status["rl"]["argv"]
+    assert argv[0] == "train" and argv[argv.index("--model") + 1] == status["cold"]["output"]
+    out = capsys.readouterr().out
+    assert "| stage | pass@1 |" in out and "| test |" in out
+    assert main(["pipeline", str(path)]) == 0                                  # everything done: all skipped
+    assert capsys.readouterr().out.count("done, skipped") == 3
+
+
+@pytest.mark.parametrize("stages,message", [
+    ([{"name": "a", "kind": "eval", "args": {"model": "${b.output}"}}, {"name": "b", "kind": "sft"}],
+     "stage 1 'a': refers to 'b', which is not an earlier stage"),
+    ([{"name": "a", "kind": "eval", "args": {"model": "${zz.output}"}}], "refers to 'zz', which is not an earlier stage"),
+    ([{"name": "a", "kind": "train"}], "stage 1 'a': kind must be one of sft | grpo | sample | eval | reward_model"),
+    ([{"name": "a", "kind": "eval"}, {"name": "a", "kind": "eval"}], "stage 2 'a': the name is used twice"),
+    ([], "'stages' must be a non-empty list"),
+])
+def test_a_bad_recipe_is_one_line_exit_2(tmp_path, capsys, stages, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "o"), "stages": stages}))
+    assert main(["pipeline", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {path}:") and message in err and len(err.splitlines()) == 1
+
+
+def test_an_interrupted_stage_resumes_from_its_checkpoint(tmp_path, capsys):
+    """A stage left `running` in pipeline.json (the process died) is rerun with --resume: a grpo stage
+    continues from its newest checkpoint instead of starting again."""
+    model = make_micro_dir(tmp_path / "micro")
+    small = {"train.num_threads": 1, "log.progress_bar": "false", "rollout.num_generations": 2,
+             "train.prompts_per_step": 2, "rollout.max_new_tokens": 4, "train.save_steps": 1}
+    run = tmp_path / "run"
+    assert main(["train", "--model", str(model), "--max-steps", "1", "--output-dir", str(run / "rl"),
+                 *[x for k, v in small.items() for x in (f"--{k}", str(v))]]) == 0      # step 1 done, then "killed"
+    (run / "pipeline.json").write_text(json.dumps({"stages": {"rl": {"kind": "grpo", "status": "running"}}}))
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"output_dir": str(run), "stages": [
+        {"name": "rl", "kind": "grpo", "args": {"model": str(model), "max-steps": 2, **small}}]}))
+    assert main(["pipeline", str(path)]) == 0
+    assert "stage rl (grpo) resumed" in capsys.readouterr().out
+    steps = [json.loads(x)["step"] for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and (run / "rl" / "checkpoint-2").is_dir()
