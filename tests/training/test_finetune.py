@@ -68,3 +68,17 @@ def test_sft_lowers_the_loss_checkpoints_and_resumes_exactly(tmp_path, capsys):
     capsys.readouterr()
     assert main(sft_argv(model, bad, tmp_path / "x", "--max-steps", "1")) == 2
     assert "an SFT row needs 'prompt' and 'completion' columns, or 'messages'" in capsys.readouterr().err
+
+
+def test_sft_with_lora_trains_and_saves_the_adapter(tmp_path):
+    from grpo.cli.main import main
+
+    model = make_micro_dir(tmp_path / "micro")
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "completion": str(a + 1)}) + "\n" for a in range(8)))
+    out = tmp_path / "lora"
+    assert main(sft_argv(model, data, out, "--max-steps", "2", "--lora.enabled", "true")) == 0
+    assert (out / "checkpoint-2" / "adapter_model.safetensors").is_file()
+    assert main(sft_argv(model, data, out, "--max-steps", "3", "--lora.enabled", "true", "--resume")) == 0
+    adapter = load_file(str(out / "checkpoint-3" / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in k for k in adapter)
