@@ -5,6 +5,7 @@ through grpo/rewards/text.py ``as_text``) and ignores the columns it does not us
 
 =====================  ==========================================================================
 accuracy, format       the embedded arithmetic task: integer ``<answer>``; the think/answer format (empty reasoning allowed)
+exact_match            the last ``<answer>`` block equals the ``answer`` column (the strings task)
 math_accuracy          final answer (``<answer>`` / last ``\\boxed{}``) vs ``answer``/``solution``, math-verify
 think_format           strict ``<think>…</think><answer>…</answer>`` -> 1.0 / 0.0
 tag_count              0.25 per well-placed ``<think>``, ``</think>``, ``<answer>``, ``</answer>``
@@ -25,7 +26,7 @@ from grpo.rewards.language import language_consistency, make_language_consistenc
 from grpo.rewards.math_answer import math_accuracy
 from grpo.rewards.shaping import (cosine_length, make_cosine_length, make_repetition_penalty, make_soft_overlong,
                                   repetition_penalty, soft_overlong)
-from grpo.rewards.text import as_text, integer_answer_correct, tag_count, think_answer_parts, think_format
+from grpo.rewards.text import answer_block, as_text, integer_answer_correct, tag_count, think_answer_parts, think_format
 
 
 def accuracy_reward(prompts: list, completions: list[str], answer: list | None = None, **_: object) -> list[float | None]:
@@ -33,6 +34,14 @@ def accuracy_reward(prompts: list, completions: list[str], answer: list | None =
     if answer is None:
         return [None] * len(completions)
     return [None if a is None else float(integer_answer_correct(as_text(c), str(a))) for c, a in zip(completions, answer)]
+
+
+def exact_match(prompts: list, completions: list, answer: list | None = None, **_: object) -> list[float | None]:
+    """1.0 when the last `<answer>` block, stripped, equals the `answer` column exactly, else 0.0 (None
+    without one): the strings task's verifier."""
+    if answer is None:
+        return [None] * len(completions)
+    return [None if a is None else float(answer_block(as_text(c)) == str(a).strip()) for c, a in zip(completions, answer)]
 
 
 def format_reward(prompts: list, completions: list[str], **_: object) -> list[float | None]:
@@ -51,6 +60,7 @@ def code_execution(prompts: list, completions: list, **columns: object) -> list:
 BUILTIN_REWARDS = {
     "accuracy": accuracy_reward,
     "format": format_reward,
+    "exact_match": exact_match,
     "math_accuracy": math_accuracy,
     "think_format": think_format,
     "tag_count": tag_count,

@@ -259,6 +259,7 @@ COLUMNS = {"answer": ["2", "2"], "tests": [[{"input": "", "output": "2"}]] * 2, 
 #: Every built-in's values on TEXTS with COLUMNS.
 KEYWORD_CASES = [
     ("accuracy", [1.0, 0.0]), ("format", [1.0, 0.0]), ("math_accuracy", [1.0, 0.0]), ("think_format", [1.0, 0.0]),
+    ("exact_match", [1.0, 0.0]),                         # "2" in the answer block; no block
     ("tag_count", [1.0, 0.0]),
     # L = 3 of 1000 tokens: correct 0.5 + 0.25 (1 + cos(0.003 pi)), wrong -0.25 (1 + cos(0.003 pi))
     ("cosine_length", [0.5 + 0.25 * (1 + math.cos(0.003 * math.pi)), -0.25 * (1 + math.cos(0.003 * math.pi))]),

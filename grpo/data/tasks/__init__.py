@@ -1,11 +1,11 @@
-"""Tasks with a problem generator and a verifier (currently: arithmetic), and their own choices:
+"""Tasks with a problem generator and a verifier (arithmetic, strings), and their own choices:
 each task module names the rewards a run on it uses when none is given (``DEFAULT_REWARDS``)."""
 
 from grpo.config import Config, ConfigError
-from grpo.data.tasks import arithmetic
+from grpo.data.tasks import arithmetic, strings
 
 #: Embedded tasks by name (`data.task`): each has generate(split, n, seed), a verifier and DEFAULT_REWARDS.
-TASKS = {"arithmetic": arithmetic}
+TASKS = {"arithmetic": arithmetic, "strings": strings}
 
 
 def default_reward_functions(cfg: Config, dataset: str | None) -> list[str]:
@@ -17,4 +17,4 @@ def default_reward_functions(cfg: Config, dataset: str | None) -> list[str]:
     return list(TASKS[cfg.data.task].DEFAULT_REWARDS)
 
 
-__all__ = ["TASKS", "arithmetic", "default_reward_functions"]
+__all__ = ["TASKS", "arithmetic", "default_reward_functions", "strings"]
