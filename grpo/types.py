@@ -142,6 +142,9 @@ class TrainState:
     scheduler: Any
     reference: Any                 # None, grpo.modeling.reference.FrozenCopy or AdapterDisabled
     stream: Any                    # grpo.data.prompts.PromptStream; its position also keys the sampling (grpo/rollout/keyed.py)
+    #: stateful additions to the loop (grpo.training.reward_model_updates.build_extras): each has
+    #: after_step(step, experience) -> metrics, save(checkpoint_dir) and load(checkpoint_dir)
+    extras: list[Any] = field(default_factory=list)
 
 
 #: Step metrics that add up over ranks (the others are averaged): counts, not rates.

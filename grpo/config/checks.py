@@ -50,6 +50,7 @@ def validate(cfg: Config) -> None:
 
     tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
     metrics_file = metrics_file_problem(cfg.log.metrics_file)
+    rmu = cfg.reward.reward_model_update
     checks = [
         (cfg.rollout.num_generations >= 2, "rollout.num_generations must be >= 2: group-relative advantages need a group"),
         (cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1"),
@@ -134,6 +135,14 @@ def validate(cfg: Config) -> None:
          f"reward.weights must be finite numbers, got {cfg.reward.weights}"),
         (cfg.reward.reward_errors in ("raise", "zero"), "reward.reward_errors must be raise | zero"),
         (cfg.reward.timeout_s >= 0, "reward.timeout_s must be >= 0 (0 = no limit)"),
+        (rmu.every >= 0, "reward.reward_model_update.every must be >= 0 (0 = off)"),
+        (0.0 <= rmu.replay < 1.0, f"reward.reward_model_update.replay must be in [0, 1), got {rmu.replay}"),
+        (rmu.steps >= 1 and rmu.batch_size >= 1 and rmu.lr > 0,
+         "reward.reward_model_update.steps, batch_size and lr must be positive"),
+        (rmu.loss in ("pointwise", "pairwise"),
+         f"reward.reward_model_update.loss must be pointwise | pairwise, got {rmu.loss!r}"),
+        (not rmu.every or bool(rmu.label),
+         "reward.reward_model_update.label: name the reward function that labels samples (e.g. accuracy)"),
         (cfg.data.num_train_prompts >= 1, "data.num_train_prompts must be >= 1"),
         (cfg.data.max_prompt_length >= 0, "data.max_prompt_length must be >= 0 (0 = no limit)"),
         (cfg.data.long_prompts in ("drop", "truncate", "error"), "data.long_prompts must be drop | truncate | error"),

@@ -7,15 +7,8 @@ the tree is validated once and never mutated afterwards.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 
 class ConfigError(ValueError):
@@ -91,6 +84,24 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class RewardModelUpdateConfig:
+    """`reward.reward_model_update`: keep training a reward model of `reward.functions` on the policy's own
+    samples during GRPO (DeepSeekMath's iterative RL; grpo/training/reward_model_updates.py)."""
+
+    every: int = _f(0, "Train the reward model every N steps on the samples of the last N steps (0 = off).")
+    replay: float = _f(0.1, "Share of every reward-model batch drawn from the history of earlier samples "
+                       "(DeepSeekMath: 10%).")
+    label: str = _f("", "Reward function whose value >= threshold labels a sample good (a built-in name or "
+                    "file.py:function, called by keyword like every reward); required when every > 0.")
+    threshold: float = _f(0.5, "A sample is good (label 1) when the label function gives it >= this.")
+    model: str = _f("", "The reward-model directory of reward.functions to train (default: the only one).")
+    steps: int = _f(20, "Optimizer steps per update.")
+    batch_size: int = _f(16, "Samples per reward-model batch (replay included).")
+    lr: float = _f(1e-4, "AdamW learning rate of the reward model.")
+    loss: str = _f("pointwise", "pointwise (BCE on the label) | pairwise (Bradley-Terry, good vs bad of a batch).")
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     functions: list[str] = _f([], "Reward functions (empty: the embedded task's own, accuracy and format, when no "
                               "dataset is given; with a dataset, name at least one): built-in names (accuracy, format, math_accuracy, "
@@ -108,6 +119,9 @@ class RewardConfig:
                           "time is an error naming the function (reward_errors: zero scores the batch 0.0); sync "
                           "functions then run in a worker thread, abandoned on timeout (Python cannot stop it), "
                           "async ones are cancelled. 0 keeps sync calls in the main thread (signal.alarm works).")
+    reward_model_update: RewardModelUpdateConfig = field(
+        default_factory=RewardModelUpdateConfig,
+        metadata={"help": "Reward-model retraining inside the run: {every, replay, label, ...} (keys below)."})
 
 
 @dataclass(frozen=True)
@@ -235,133 +249,3 @@ SECTIONS: dict[str, type] = {
     "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "rollout": RolloutConfig, "reward": RewardConfig,
     "algorithm": AlgorithmConfig, "optim": OptimConfig, "train": TrainConfig, "log": LogConfig,
 }
-
-
-def valid_keys() -> list[str]:
-    """All `section.key` names, in declaration order."""
-    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
-
-
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
-    """Check/convert one value against a field annotation; raise ConfigError naming the key."""
-    hint = eval(annotation, vars(typing) | {"types": types}) if isinstance(annotation, str) else annotation  # noqa: S307
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"config key '{key}' may not be empty")
-    if optional:
-        hint = next(a for a in args if a is not type(None))
-    origin = typing.get_origin(hint)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        return [_coerce(key, v, item) for v in value]
-    if origin is dict:
-        key_type, value_type = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
-        return {_coerce(key, k, key_type): _coerce(key, v, value_type) for k, v in value.items()}
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"config key '{key}' expects true/false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"config key '{key}' expects an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):     # inf / nan pass every range check and end in NaN weights
-                raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
-            return float(value)
-        raise ConfigError(f"config key '{key}' expects a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"config key '{key}' expects a string, got {value!r}")
-    return value
-
-
-def _unknown(key: str) -> ConfigError:
-    return ConfigError(f"unknown config key '{key}'; valid keys: {', '.join(valid_keys())}")
-
-
-def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Build a validated Config from a nested dict (YAML) and flat `section.key` overrides."""
-    merged: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-    algo_section = (nested or {}).get("algorithm")
-    preset = (overrides or {}).get("algorithm.preset") or (algo_section.get("preset") if isinstance(algo_section, dict) else None)
-    if preset:  # the lowest layer: the YAML file and the overrides below replace any of its values
-        from grpo.config.presets import preset_values
-
-        for dotted, value in preset_values(str(preset)).items():
-            section, _, key = dotted.partition(".")
-            merged[section][key] = value
-    for section, values in (nested or {}).items():
-        if section not in SECTIONS:
-            raise _unknown(str(section))
-        if not isinstance(values, dict):
-            raise ConfigError(f"config section '{section}' must be a mapping of keys to values")
-        merged[section].update(values)
-    for dotted, value in (overrides or {}).items():
-        section, _, key = dotted.partition(".")
-        if section not in SECTIONS or not key:
-            raise _unknown(dotted)
-        merged[section][key] = value
-    built = {}
-    for section, cls in SECTIONS.items():
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs = {}
-        for key, value in merged[section].items():
-            if key not in fields:
-                raise _unknown(f"{section}.{key}")
-            kwargs[key] = _coerce(f"{section}.{key}", value, fields[key].type)
-        built[section] = cls(**kwargs)
-    cfg = Config(**built)
-    from grpo.config.checks import validate   # the cross-field rules live beside the schema
-
-    validate(cfg)
-    return cfg
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file; errors name the file (and line, when YAML reports one)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of sections")
-    return data
-
-
-def to_dict(cfg: Config) -> dict[str, Any]:
-    """The config as a nested plain dict (for YAML/JSON dumps)."""
-    return dataclasses.asdict(cfg)
-
-
-def field_help() -> list[tuple[str, Any, str]]:
-    """(key, default, help) for every config key, for `--help-config`."""
-    rows = []
-    default = Config()
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            rows.append((f"{section}.{f.name}", getattr(getattr(default, section), f.name), f.metadata.get("help", "")))
-    return rows

@@ -286,7 +286,8 @@ def prune_checkpoints(output_dir: str | Path, keep: int, newest_step: int) -> No
             _discard(old)
 
 
-def _write_files(tmp: Path, step: int, model, tokenizer, optimizer, scheduler, state, rng, reference) -> None:
+def _write_files(tmp: Path, step: int, model, tokenizer, optimizer, scheduler, state, rng, reference,
+                 extra_files=()) -> None:
     from grpo.state.model_files import save_checkpoint_model
     from safetensors.torch import save_model
 
@@ -305,6 +306,9 @@ def _write_files(tmp: Path, step: int, model, tokenizer, optimizer, scheduler, s
     if reference is not None:
         with _writing(tmp / "reference.safetensors"):
             save_model(reference, str(tmp / "reference.safetensors"))
+    for write in extra_files:                     # writers of the run's other state (TrainState.extras)
+        with _writing(tmp):
+            write(tmp)
     with _writing(tmp / "trainer_state.json"):
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **(state or {})}, indent=1, default=str))
     with _writing(tmp / MANIFEST):
@@ -331,10 +335,11 @@ def _write_error_message(error: BaseException, final: Path, directory: Path) -> 
 
 def save_checkpoint(output_dir: str | Path, step: int, model, tokenizer, *, optimizer=None, scheduler=None,
                     state: dict[str, Any] | None = None, rng: dict[str, Any] | None = None,
-                    reference: torch.nn.Module | None = None, save_total_limit: int = 0) -> Path:
+                    reference: torch.nn.Module | None = None, save_total_limit: int = 0, extra_files=()) -> Path:
     """Write `output_dir/checkpoint-<step>` atomically; keep the newest `save_total_limit` (0 = all).
 
-    `reference` (a module) is stored as reference.safetensors. On any failure the temporary
+    `reference` (a module) is stored as reference.safetensors; each of `extra_files` (a function of the
+    temporary directory) writes more files before the manifest. On any failure the temporary
     directory is removed; an I/O failure (an OSError, or torch's / safetensors' RuntimeError on a full
     disk) becomes a one-line CheckpointWriteError naming the file and the reason.
     """
@@ -343,7 +348,7 @@ def save_checkpoint(output_dir: str | Path, step: int, model, tokenizer, *, opti
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        _write_files(tmp, step, model, tokenizer, optimizer, scheduler, state, rng, reference)
+        _write_files(tmp, step, model, tokenizer, optimizer, scheduler, state, rng, reference, extra_files)
         _publish(tmp, final)
     except BaseException as e:
         message = _write_error_message(e, final, tmp if tmp.is_dir() else out)   # before the temporary goes

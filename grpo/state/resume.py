@@ -69,7 +69,8 @@ def save_state(output_dir: Path, step: int, state: TrainState, cfg: Config, extr
     return save_checkpoint(output_dir, step, state.model, state.tokenizer, optimizer=state.optimizer,
                            scheduler=state.scheduler, state=info,
                            rng={**rng_state(None, state.stream.state_dict()), **(extra_rng or {})},
-                           reference=refreshed_reference(state, cfg), save_total_limit=tc.save_total_limit)
+                           reference=refreshed_reference(state, cfg), save_total_limit=tc.save_total_limit,
+                           extra_files=[x.save for x in state.extras])
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
@@ -181,6 +182,8 @@ def restore(state: TrainState, ckpt: Checkpoint, cfg: Config) -> None:
         loss_scaler(state.optimizer, next(state.model.parameters()).device).load_state_dict(ckpt.optim["loss_scaler"])
     apply_optimizer_settings(state.optimizer, state.scheduler, cfg, ckpt.trainer_state.get("config") or {})
     state.stream.load_state_dict(ckpt.rng["stream"])
+    for extra in state.extras:            # e.g. the reward model retrained by reward.reward_model_update
+        extra.load(ckpt.path)
     restore_rng(ckpt.rng)                 # sampling is keyed by (seed, stream position): nothing more to restore
 
 

@@ -1,7 +1,8 @@
 """The GRPO loop: read it top to bottom. No math here; every stage is a function of its own.
 
     [resume: restore every state from a checkpoint] -> experience (sample, score, filter,
-    advantages) -> update (mu times) -> reference refresh -> metrics -> callbacks -> checkpoint
+    advantages) -> update (mu times) -> reference refresh -> [reward-model retraining] -> metrics ->
+    callbacks -> checkpoint
 
 The loop receives resolved objects (a :class:`Job`: the placed policy, its tokenizer, the prompt
 rows, the reward functions, the device runtime); grpo/api/trainer.py turns what a user gives (paths, dataset
@@ -35,6 +36,7 @@ from grpo.training.experience import make_experience
 from grpo.state.output_dir import OutputDirLock, prepare_output_dir
 from grpo.training.evaluate import eval_metrics, eval_rows
 from grpo.training.guards import BadSteps, deterministic_mode
+from grpo.training.reward_model_updates import build_extras
 from grpo.state.metrics import step_metrics
 from grpo.modeling.precision import autocast, autocast_dtype
 from grpo.modeling.reference import build_reference
@@ -141,6 +143,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
     with deterministic_mode(tc.deterministic):
         seed_everything(tc.seed)
         state, prompt_set = initial_state(job)
+        state.extras = build_extras(cfg, job.rewards, world.world_size)   # reward.reward_model_update
         model, tokenizer = state.model, state.tokenizer
         held_out = eval_rows(cfg, tokenizer, job.eval_records) if tc.eval_steps else None   # checked before any write
         run_cfg = world.shard(state, cfg)                      # torchrun: this rank's share of the prompts
@@ -171,8 +174,9 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                          "experience_s": t1 - t0}
                 if state.reference is not None and algo.ref_update_steps and step % algo.ref_update_steps == 0:
                     state.reference.refresh(model, algo.ref_mix_alpha)   # iterative GRPO: the reference follows
+                extra = {k: v for x in state.extras for k, v in x.after_step(step, exp).items()}  # e.g. RM retraining
                 record = {**step_metrics(step, world.view(exp), mean_stats(stats), times, prompt_set),
-                          **runtime.memory_metrics()}
+                          **runtime.memory_metrics(), **extra}
                 if held_out is not None and step % tc.eval_steps == 0 and world.is_main:   # train.eval_steps
                     record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
                 if step == first and world.is_main:

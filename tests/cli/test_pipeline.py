@@ -77,3 +77,73 @@ def test_an_interrupted_stage_resumes_from_its_checkpoint(tmp_path, capsys):
     assert "stage rl (grpo) resumed" in capsys.readouterr().out
     steps = [json.loads(x)["step"] for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2] and (run / "rl" / "checkpoint-2").is_dir()
+
+
+def test_task_data_and_merge_stages_write_jsonl_without_a_model(tmp_path, capsys):
+    from grpo.data.tasks import strings
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "run"), "stages": [
+        {"name": "a", "kind": "task_data", "args": {"task": "arithmetic", "rows": 30, "worked_fraction": 1.0}},
+        {"name": "s", "kind": "task_data", "args": {"task": "strings", "rows": 20, "worked_fraction": 0.0, "seed": 3}},
+        {"name": "mix", "kind": "merge", "args": {"inputs": ["${a.output}", "${s.output}"], "seed": 1}}]}))
+    assert main(["pipeline", str(path)]) == 0
+    run = tmp_path / "run"
+    rows = [json.loads(x) for x in (run / "s" / "rows.jsonl").read_text().splitlines()]
+    assert rows == strings.sft_examples(20, seed=3, worked_fraction=0.0)
+    assert all(r["completion"].startswith("<think></think>") for r in rows)
+    merged = [json.loads(x) for x in (run / "mix" / "merged.jsonl").read_text().splitlines()]
+    arith = [json.loads(x) for x in (run / "a" / "rows.jsonl").read_text().splitlines()]
+    assert len(merged) == 50 and merged != arith + rows                        # shuffled ...
+    key = lambda r: json.dumps(r, sort_keys=True)                              # noqa: E731
+    assert sorted(map(key, merged)) == sorted(map(key, arith + rows))          # ... and nothing lost
+    status = json.loads((run / "pipeline.json").read_text())["stages"]
+    assert status["mix"] == {"kind": "merge", "status": "done", "output": str(run / "mix" / "merged.jsonl")}
+
+
+def test_the_domain_table_puts_each_model_on_a_row_and_each_domain_in_a_column(tmp_path):
+    from grpo.cli.pipeline import domain_table
+
+    stages = [{"name": f"e_{m}_{d}", "kind": "eval", "args": {"model": "${%s.output}" % m, "task": d}}
+              for m in ("cold", "rl") for d in ("arithmetic", "strings")]
+    for i, s in enumerate(stages):
+        (tmp_path / s["name"]).mkdir()
+        (tmp_path / s["name"] / "summary.json").write_text(json.dumps({"pass@1": i / 10}))
+    assert domain_table(tmp_path, stages).splitlines()[2:] == ["| cold | 0.000 | 0.100 |", "| rl | 0.200 | 0.300 |"]
+    assert domain_table(tmp_path, stages[:1]) is None                          # one domain: no pivot
+
+
+def test_the_r1_preset_prints_a_recipe_that_passes_the_checks(tmp_path, capsys):
+    from grpo.cli.pipeline import check_recipe
+
+    assert main(["pipeline", "--preset", "r1", "--out", str(tmp_path / "r1"), "--print-recipe"]) == 0
+    recipe = yaml.safe_load(capsys.readouterr().out)
+    out, stages = check_recipe(recipe, "printed")
+    kinds = [s["kind"] for s in stages]
+    assert out == tmp_path / "r1" and kinds.count("grpo") == 2 and kinds.count("eval") == 8
+    rl = {s["args"]["data.task"] for s in stages if s["kind"] == "grpo"}
+    assert rl == {"arithmetic", "strings"}                                     # GRPO isolated per domain
+    distill = next(s for s in stages if s["name"] == "distill")
+    assert "model" not in distill["args"]                                      # the second SFT starts from the base
+    assert main(["pipeline", "--preset", "r2"]) == 2
+    assert "unknown pipeline preset 'r2'; choose from r1" in capsys.readouterr().err
+    assert main(["pipeline"]) == 2 and "give a recipe file or --preset" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_r1_preset_runs_end_to_end_at_the_small_size(tmp_path, capsys):
+    """`grpo pipeline --preset r1 --size small`: every stage runs, the per-domain table is printed and
+    written; a rerun skips everything. (The full size's numbers: docs/results.md.)"""
+    out = tmp_path / "r1"
+    assert main(["pipeline", "--preset", "r1", "--size", "small", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    status = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert len(status) == 18 and all(s["status"] == "done" for s in status.values())
+    table = (out / "domains.md").read_text().splitlines()
+    assert table[0] == "| model (pass@1, held-out) | arithmetic | strings |"
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["cold", "rl_arithmetic", "rl_strings", "distill"]
+    assert "| distill |" in printed
+    samples = [json.loads(x) for x in (out / "distill_data" / "merged.jsonl").read_text().splitlines()]
+    assert samples and all(set(r) <= {"prompt", "completion", "answer"} for r in samples)
+    assert main(["pipeline", "--preset", "r1", "--size", "small", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.count("done, skipped") == 18

@@ -104,3 +104,22 @@ def test_metrics_file_must_be_a_plain_file_name_inside_output_dir(name, why):
     assert str(info.value).startswith(f"log.metrics_file must be a plain file name inside train.output_dir, "
                                       f"got '{name}'{why}")
     assert build_config(overrides={"log.metrics_file": "train-metrics.jsonl"}).log.metrics_file == "train-metrics.jsonl"
+
+
+def test_a_nested_group_takes_a_mapping_and_dotted_overrides():
+    """reward.reward_model_update is a group of keys: a YAML mapping, `section.group.key` overrides on top
+    of it, each key checked by its type and listed by --help-config."""
+    from grpo.config import field_help, valid_keys
+
+    cfg = build_config({"reward": {"reward_model_update": {"every": 4, "label": "accuracy", "replay": 0.2}}},
+                       {"reward.reward_model_update.replay": 0.1, "reward.reward_model_update.steps": 7})
+    rmu = cfg.reward.reward_model_update
+    assert (rmu.every, rmu.label, rmu.replay, rmu.lr) == (4, "accuracy", 0.1, 1e-4)
+    assert "reward.reward_model_update.every" in valid_keys() and "reward.reward_model_update" not in valid_keys()
+    assert ("reward.reward_model_update.replay", 0.1) in [(k, d) for k, d, _ in field_help()]
+    with pytest.raises(ConfigError, match="'reward.reward_model_update.steps' expects an integer"):
+        build_config(overrides={"reward.reward_model_update.steps": "many"})
+    with pytest.raises(ConfigError, match="'reward.reward_model_update' expects a mapping of every, replay"):
+        build_config({"reward": {"reward_model_update": 5}})
+    with pytest.raises(ConfigError, match="unknown config key 'reward.timeout_s.x'"):
+        build_config(overrides={"reward.timeout_s.x": 1})

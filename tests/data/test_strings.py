@@ -1,4 +1,4 @@
-"""grpo/data/tasks/strings.py: the second embedded domain (reverse / sort a word)."""
+"""grpo/data/tasks/strings.py: the second embedded domain (reverse / sort a string of digits)."""
 
 import pytest
 
@@ -7,9 +7,10 @@ from grpo.rewards import load_reward
 
 
 def test_solve_and_the_disjoint_deterministic_splits():
-    assert strings.solve("reverse:abcd") == "dcba" and strings.solve("sort:dbca") == "abcd"
-    with pytest.raises(ValueError, match="not a strings problem"):
-        strings.solve("shout:abc")
+    assert strings.solve("reverse:4719") == "9174" and strings.solve("sort:4719") == "1479"
+    for bad in ("shout:123", "sort:12a", "reverse:"):
+        with pytest.raises(ValueError, match="not a strings problem"):
+            strings.solve(bad)
     train, test = strings.generate("train", 300, seed=1), strings.generate("test", 60, seed=1)
     assert train == strings.generate("train", 300, seed=1) and len({r["prompt"] for r in train}) == 300
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
@@ -19,6 +20,10 @@ def test_solve_and_the_disjoint_deterministic_splits():
 
 
 def test_worked_demonstrations_pass_the_tasks_rewards():
+    assert strings.worked_completion("reverse:407") == "<think>4,0,7</think><answer>704</answer>"
+    mixed = strings.sft_examples(200, seed=2, worked_fraction=0.3)
+    worked = sum(not r["completion"].startswith("<think></think>") for r in mixed)
+    assert 40 <= worked <= 80 and mixed == strings.sft_examples(200, seed=2, worked_fraction=0.3)
     rows = strings.sft_examples(20, seed=2)
     rewards = [load_reward(name)[1] for name in strings.DEFAULT_REWARDS]
     prompts, completions, answers = [r["prompt"] for r in rows], [r["completion"] for r in rows], [r["answer"] for r in rows]

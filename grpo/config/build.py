@@ -1,0 +1,184 @@
+"""Building the configuration tree (grpo/config/schema.py): defaults < preset < YAML file < overrides,
+each value checked against its field's type, nested groups (``section.group.key``) included, and the
+key listings that `--help-config` and the unknown-key error print."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo.config.schema import SECTIONS, Config, ConfigError
+
+
+def _sub_config(cls: type, name: str) -> type | None:
+    """The dataclass type of field `name` of `cls` when it is a nested group of keys (else None)."""
+    hint = typing.get_type_hints(cls).get(name)
+    return hint if dataclasses.is_dataclass(hint) else None
+
+
+def _keys(prefix: str, cls: type) -> list[str]:
+    out = []
+    for f in dataclasses.fields(cls):
+        sub = _sub_config(cls, f.name)
+        out += _keys(f"{prefix}.{f.name}", sub) if sub else [f"{prefix}.{f.name}"]
+    return out
+
+
+def valid_keys() -> list[str]:
+    """All `section.key` names (nested groups as `section.group.key`), in declaration order."""
+    return [k for s, cls in SECTIONS.items() for k in _keys(s, cls)]
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    """An instance of config dataclass `cls` from `values` (nested groups from mappings); errors name the key."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise _unknown(f"{where}.{key}")
+        sub = _sub_config(cls, key)
+        if sub is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key '{where}.{key}' expects a mapping of "
+                                  f"{', '.join(f.name for f in dataclasses.fields(sub))}, got {value!r}")
+            kwargs[key] = _build(sub, value, f"{where}.{key}")
+        else:
+            kwargs[key] = _coerce(f"{where}.{key}", value, fields[key].type)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check/convert one value against a field annotation; raise ConfigError naming the key."""
+    hint = eval(annotation, vars(typing) | {"types": types}) if isinstance(annotation, str) else annotation  # noqa: S307
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"config key '{key}' may not be empty")
+    if optional:
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return [_coerce(key, v, item) for v in value]
+    if origin is dict:
+        key_type, value_type = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
+        return {_coerce(key, k, key_type): _coerce(key, v, value_type) for k, v in value.items()}
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}' expects true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"config key '{key}' expects an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):     # inf / nan pass every range check and end in NaN weights
+                raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
+            return float(value)
+        raise ConfigError(f"config key '{key}' expects a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config key '{key}' expects a string, got {value!r}")
+    return value
+
+
+def _unknown(key: str) -> ConfigError:
+    return ConfigError(f"unknown config key '{key}'; valid keys: {', '.join(valid_keys())}")
+
+
+def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Build a validated Config from a nested dict (YAML) and flat `section.key` overrides."""
+    merged: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    algo_section = (nested or {}).get("algorithm")
+    preset = (overrides or {}).get("algorithm.preset") or (algo_section.get("preset") if isinstance(algo_section, dict) else None)
+    if preset:  # the lowest layer: the YAML file and the overrides below replace any of its values
+        from grpo.config.presets import preset_values
+
+        for dotted, value in preset_values(str(preset)).items():
+            section, _, key = dotted.partition(".")
+            merged[section][key] = value
+    for section, values in (nested or {}).items():
+        if section not in SECTIONS:
+            raise _unknown(str(section))
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section '{section}' must be a mapping of keys to values")
+        merged[section].update(values)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS or not key:
+            raise _unknown(dotted)
+        target, *path = key.split(".")
+        if path:                                               # section.group.key: one key of a nested group
+            group = merged[section].setdefault(target, {})
+            if not isinstance(group, dict) or _sub_config(SECTIONS[section], target) is None:
+                raise _unknown(dotted)
+            merged[section][target] = {**group, ".".join(path): value}
+        else:
+            merged[section][key] = value
+    cfg = Config(**{section: _build(cls, merged[section], section) for section, cls in SECTIONS.items()})
+    from grpo.config.checks import validate   # the cross-field rules live beside the schema
+
+    validate(cfg)
+    return cfg
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file; errors name the file (and line, when YAML reports one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    return data
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as a nested plain dict (for YAML/JSON dumps)."""
+    return dataclasses.asdict(cfg)
+
+
+def field_help() -> list[tuple[str, Any, str]]:
+    """(key, default, help) for every config key, for `--help-config`."""
+    rows: list[tuple[str, Any, str]] = []
+
+    def walk(prefix: str, cls: type, default: Any) -> None:
+        for f in dataclasses.fields(cls):
+            sub = _sub_config(cls, f.name)
+            if sub is not None:
+                walk(f"{prefix}.{f.name}", sub, getattr(default, f.name))
+            else:
+                rows.append((f"{prefix}.{f.name}", getattr(default, f.name), f.metadata.get("help", "")))
+
+    default = Config()
+    for section, cls in SECTIONS.items():
+        walk(section, cls, getattr(default, section))
+    return rows
