@@ -120,11 +120,13 @@ def test_the_r1_preset_prints_a_recipe_that_passes_the_checks(tmp_path, capsys):
     recipe = yaml.safe_load(capsys.readouterr().out)
     out, stages = check_recipe(recipe, "printed")
     kinds = [s["kind"] for s in stages]
-    assert out == tmp_path / "r1" and kinds.count("grpo") == 2 and kinds.count("eval") == 8
-    rl = {s["args"]["data.task"] for s in stages if s["kind"] == "grpo"}
-    assert rl == {"arithmetic", "strings"}                                     # GRPO isolated per domain
+    assert out == tmp_path / "r1" and kinds.count("grpo") == 3 and kinds.count("eval") == 10
+    rl = [s["args"].get("data.task") for s in stages if s["kind"] == "grpo"]
+    assert rl == ["arithmetic", "strings", None]                   # GRPO per domain, then on the mixed prompts
     distill = next(s for s in stages if s["name"] == "distill")
-    assert "model" not in distill["args"]                                      # the second SFT starts from the base
+    assert distill["args"]["model"] == "${cold.output}" and distill["args"]["dataset"] == "${distill_data.output}"
+    names = [s["name"] for s in stages]
+    assert names.index("eval_cold_strings") < names.index("rl_arithmetic")     # each model evaluated once trained
     assert main(["pipeline", "--preset", "r2"]) == 2
     assert "unknown pipeline preset 'r2'; choose from r1" in capsys.readouterr().err
     assert main(["pipeline"]) == 2 and "give a recipe file or --preset" in capsys.readouterr().err
@@ -138,12 +140,12 @@ def test_the_r1_preset_runs_end_to_end_at_the_small_size(tmp_path, capsys):
     assert main(["pipeline", "--preset", "r1", "--size", "small", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     status = json.loads((out / "pipeline.json").read_text())["stages"]
-    assert len(status) == 18 and all(s["status"] == "done" for s in status.values())
+    assert len(status) == 22 and all(s["status"] == "done" for s in status.values())
     table = (out / "domains.md").read_text().splitlines()
     assert table[0] == "| model (pass@1, held-out) | arithmetic | strings |"
-    assert [row.split("|")[1].strip() for row in table[2:]] == ["cold", "rl_arithmetic", "rl_strings", "distill"]
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["cold", "rl_arithmetic", "rl_strings", "distill", "rl_all"]
     assert "| distill |" in printed
     samples = [json.loads(x) for x in (out / "distill_data" / "merged.jsonl").read_text().splitlines()]
     assert samples and all(set(r) <= {"prompt", "completion", "answer"} for r in samples)
     assert main(["pipeline", "--preset", "r1", "--size", "small", "--out", str(out)]) == 0
-    assert capsys.readouterr().out.count("done, skipped") == 18
+    assert capsys.readouterr().out.count("done, skipped") == 22
