@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from grpo.algorithms.advantages import Advantages
+from grpo.algorithms.rollout_stats import repeated_ngram_rows
 
 
 @dataclass
@@ -111,7 +112,8 @@ class Experience:
         """What the step's metrics read (merged over ranks under torchrun: grpo.types.StepSummary.merge)."""
         gen = self.groups.gen
         return StepSummary(self.scored, gen.completion_mask, gen.truncated, self.advantages.zero_std_groups,
-                           self.advantages.num_groups, self.groups.sample_s, dict(self.metrics))
+                           self.advantages.num_groups, self.groups.sample_s, dict(self.metrics),
+                           repeated_ngram_rows(gen.completion_ids, gen.completion_mask))
 
 
 @dataclass
@@ -130,6 +132,7 @@ class UpdateStats:
     dual_clip_fraction: float = 0.0  # share of loss tokens capped by the dual clip (clip_ratio_c)
     entropy_loss: float = 0.0        # the -entropy_coef * H share of the loss
     rollout_logprob_diff: float = float("nan")   # mean |log pi_theta - log pi_sampler| per loss token (mu = 1)
+    clip_high_fraction: float = 0.0  # share of active tokens clipped at 1 + epsilon_high (the rest of clip_fraction: low)
 
 
 @dataclass
@@ -163,6 +166,7 @@ class StepSummary:
     num_groups: int
     sample_s: float                    # seconds of sampling (the slowest rank's when merged)
     metrics: dict[str, float] = field(default_factory=dict)
+    repeated: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool, device="cpu"))  # [N] 4-gram x8
 
     def to_host(self) -> "StepSummary":
         """The same summary with its tensors on the CPU (for all_gather_object)."""

@@ -25,10 +25,13 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"config", "types", "modeling"},
     "data": {"config", "types", "rewards"},
     "state": {"config", "types", "events", "algorithms", "modeling", "data"},
-    "training": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state"},
-    "api": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training"},
+    "health": {"config", "types", "state"},                         # rules read metric histories only
+    "training": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state",
+                 "health"},
+    "api": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training",
+            "health"},
     "cli": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training",
-            "api"},
+            "api", "health"},
 }
 #: edges the issue names as forbidden (they must stay outside ALLOWED).
 FORBIDDEN = [("algorithms", "training"), ("rollout", "rewards"), ("rewards", "training"), ("data", "training"),

@@ -172,6 +172,7 @@ class LossTerms:
     tokens: float               # active tokens in this micro-batch
     dual_clipped_sum: float = 0.0  # active tokens capped by the dual clip (A < 0, ratio > c)
     entropy_term: float = 0.0   # share of the -entropy_coef * H term (<= 0: it lowers the loss)
+    clipped_high_sum: float = 0.0  # of clipped_sum, tokens clipped at 1 + eps_high (ratio > 1; the rest at 1 - eps_low)
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
@@ -211,4 +212,5 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     count = lambda b: float((b.to(mask.dtype) * mask).sum())  # noqa: E731
     return LossTerms(loss=loss, policy=float(policy.detach()), kl_term=kl_term, kl_sum=kl_sum,
                      clipped_sum=count(sur.clipped), tokens=float(mask.sum()),
-                     dual_clipped_sum=count(sur.dual_clipped), entropy_term=entropy_term)
+                     dual_clipped_sum=count(sur.dual_clipped), entropy_term=entropy_term,
+                     clipped_high_sum=count(sur.clipped & (log_ratio > 0)))

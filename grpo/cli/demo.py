@@ -1,6 +1,6 @@
 """`grpo demo`: evaluate the base policy, run GRPO on the embedded task, evaluate again.
 
-Writes DIR/summary.json, DIR/metrics.jsonl and DIR/curves.png.
+Writes DIR/summary.json, DIR/metrics.jsonl, DIR/curves.png and DIR/report.html (grpo report).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     from grpo.rewards import load_reward
     from grpo.data.tasks.arithmetic import DEFAULT_REWARDS, generate
     from grpo.api.trainer import train
+    from grpo.health.report import write_report
 
     start = time.perf_counter()
     out = Path(out_dir)
@@ -74,5 +75,6 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
                "wall_s": round(time.perf_counter() - start, 1), "train_wall_s": round(result.wall_s, 1),
                "eval_problems": len(held_out), "checkpoint": str(result.checkpoint) if result.checkpoint else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"wrote {out / 'summary.json'}, {metrics_path}, {out / 'curves.png'}")
+    report = write_report([out])                                             # curves, alerts, samples, config
+    print(f"wrote {out / 'summary.json'}, {metrics_path}, {out / 'curves.png'}, {report}")
     return summary

@@ -13,6 +13,7 @@ import yaml
 
 from grpo.cli.evaluation import add_parser as add_eval_parser
 from grpo.cli.pipeline import add_parser as add_pipeline_parser
+from grpo.cli.report import add_parser as add_report_parser
 from grpo.cli.reward_model import add_parser as add_reward_model_parser
 from grpo.cli.sample import add_parser as add_sample_parser
 from grpo.config import ConfigError, build_config, field_help, load_yaml
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sample_parser(sub)
     add_reward_model_parser(sub)
     add_pipeline_parser(sub)
+    add_report_parser(sub)
 
     p = sub.add_parser("presets", help="Print every algorithm preset (paper and settings).")
     p.set_defaults(func=cmd_presets)
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.argv = list(argv)
-    if args.command in ("eval", "export", "sample", "reward-model", "pipeline") and extra:
+    if args.command in ("eval", "export", "sample", "reward-model", "pipeline", "report") and extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     from grpo.training.guards import TrainingError
 

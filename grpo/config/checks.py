@@ -155,6 +155,11 @@ def validate(cfg: Config) -> None:
         (tracking is None, tracking),
         (metrics_file is None, metrics_file),
         (cfg.log.project.strip() != "", "log.project may not be empty"),
+        (cfg.log.samples_per_step >= 0, "log.samples_per_step must be >= 0"),
+        (0 <= cfg.health.baseline_from < cfg.health.baseline_to,
+         "health.baseline_from must be >= 0 and below health.baseline_to"),
+        (all(isinstance(v, bool) or not isinstance(v, (int, float)) or v >= 0 for v in vars(cfg.health).values()),
+         "health thresholds must be >= 0"),
     ]
     for ok, message in checks:
         if not ok:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from grpo.algorithms.rollout_stats import pearson
 from grpo.config import Config
 from grpo.state.tracking import close_trackers, open_trackers, tracker_scalars
 from grpo.types import Scored, StepSummary
@@ -25,17 +26,23 @@ def reward_metrics(scored: Scored) -> dict[str, float]:
         vals = col[~torch.isnan(col)]
         out[f"reward/{name}/mean"] = float(vals.mean()) if vals.numel() else float("nan")
         out[f"reward/{name}/std"] = float(vals.std(unbiased=False)) if vals.numel() else float("nan")
+        out[f"reward/{name}/max"] = float(vals.max()) if vals.numel() else float("nan")
         out[f"reward/{name}/none_frac"] = float(torch.isnan(col).float().mean())
     for name, count in scored.errors.items():                              # reward.reward_errors: zero
         out[f"reward/{name}/errors"] = float(count)
     return out
 
 
-def completion_metrics(completion_mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
-    """Length statistics of the sampled completions.  Shape: [N, T], [N]."""
-    lengths = completion_mask.sum(dim=1).float()                            # [N]
-    return {"completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
-            "completion/truncated_frac": float(truncated.float().mean())}
+def completion_metrics(exp: StepSummary) -> dict[str, float]:
+    """Length, truncation and repetition of the sampled completions, and how length and reward go together
+    (what the health rules read, grpo/health/)."""
+    lengths = exp.completion_mask.sum(dim=1).float()                        # [N]
+    out = {"completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
+           "completion/truncated_frac": float(exp.truncated.float().mean()),
+           "completion/length_reward_corr": pearson(lengths, exp.scored.total.to(lengths.device))}
+    if exp.repeated.numel():                                                # share with a 4-gram repeated >= 8 times
+        out["completion/repetition_frac"] = float(exp.repeated.float().mean())
+    return out
 
 
 def _clean(value: Any) -> Any:
@@ -47,10 +54,11 @@ def _clean(value: Any) -> Any:
 def step_metrics(step: int, exp: StepSummary, u: dict[str, float], times: dict[str, float], prompt_set) -> dict[str, Any]:
     """One metrics.jsonl record: the experience's summary `exp`, the mean update stats `u`, timings, data counts."""
     return {
-        "step": step, **reward_metrics(exp.scored), **completion_metrics(exp.completion_mask, exp.truncated),
+        "step": step, **reward_metrics(exp.scored), **completion_metrics(exp),
         **exp.metrics, "advantages/zero_std_frac": exp.zero_std_groups / exp.num_groups,
         "loss/total": u["loss"], "loss/policy": u["policy_loss"], "loss/kl": u["kl_loss"],
         "kl/mean": u["kl"], "policy/clip_frac": u["clip_fraction"], "policy/entropy": u["entropy"],
+        "policy/clip_high_frac": u["clip_high_fraction"], "policy/clip_low_frac": u["clip_fraction"] - u["clip_high_fraction"],
         "rollout/logprob_diff": exp.metrics.get("rollout/logprob_diff", u["rollout_logprob_diff"]),
         "optim/grad_norm": u["grad_norm"], "optim/lr": u["lr"], "optim/skipped_steps": u["skipped"],
         "time/step_s": times["step_s"], "time/rollout_s": exp.sample_s, "time/experience_s": times["experience_s"],
@@ -132,6 +140,9 @@ class MetricsLogger:
         if self.fh is not None and not self.fh.closed:
             self.fh.close()
             close_trackers(self.trackers)
+
+
+ALERTS_FILE = "alerts.jsonl"     # the health rules' findings (grpo/health/monitor.py), one JSON object per line
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

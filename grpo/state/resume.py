@@ -31,7 +31,8 @@ import yaml
 from grpo.state.checkpoint import (CheckpointError, list_checkpoints, remove_stale_temporaries, restore_rng, rng_state,
                              save_checkpoint, verify_checkpoint)
 from grpo.config import Config, ConfigError, to_dict
-from grpo.state.metrics import truncate_metrics
+from grpo.state.metrics import ALERTS_FILE, truncate_metrics
+from grpo.state.samples import SAMPLES_FILE
 from grpo.types import TrainState  # noqa: F401  (what a checkpoint captures)
 from grpo.state.resume_config import apply_optimizer_settings, refuse_changes
 
@@ -243,10 +244,11 @@ def begin_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> None:
     """Commit to the run: the first change to output_dir, made once the first step's experience and
     update have succeeded (so a run failing before that leaves an existing directory as it was).
     Sets aside invalid checkpoints, clears leftovers of interrupted writes, writes config.yaml and cuts
-    metrics.jsonl back to the records of the checkpoint's steps."""
+    metrics.jsonl, alerts.jsonl and samples.jsonl back to the records of the checkpoint's steps."""
     for path, _ in ([] if ckpt is None else ckpt.skipped):
         set_aside(path)
     remove_stale_temporaries(out)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    truncate_metrics(out / cfg.log.metrics_file, 0 if ckpt is None else ckpt.step)
+    for name in (cfg.log.metrics_file, ALERTS_FILE, SAMPLES_FILE):                # steps after it are redone
+        truncate_metrics(out / name, 0 if ckpt is None else ckpt.step)
 

@@ -4,6 +4,7 @@ A callback is any object with some of these methods (missing ones are skipped)::
 
     on_step_end(step: int, metrics: dict) -> bool | None   # after each step's metrics are logged
     on_checkpoint(path: Path) -> None                        # after a checkpoint is written
+    on_alert(finding: grpo.health.Finding) -> None          # a new or worse health finding (docs/health.md)
     on_train_end(result: TrainResult) -> None                # once, when the run returns
 
 ``on_step_end`` returning True (or the string "stop") asks the run to stop: it stops as it does on
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 #: The methods a callback may have, in the order a run calls them.
-HOOKS = ("on_step_end", "on_checkpoint", "on_train_end")
+HOOKS = ("on_alert", "on_step_end", "on_checkpoint", "on_train_end")
 
 
 class Callback:
@@ -28,6 +29,9 @@ class Callback:
         return None
 
     def on_checkpoint(self, path: Path) -> None:
+        return None
+
+    def on_alert(self, finding: Any) -> None:
         return None
 
     def on_train_end(self, result: Any) -> None:
@@ -60,6 +64,10 @@ class CallbackList:
         if any(a is True or a == "stop" for a in answers):
             self.stop_requested = True
         return self.stop_requested
+
+    def alert(self, findings: list) -> None:
+        for finding in findings:
+            self._call("on_alert", finding)
 
     def checkpoint(self, path: Path) -> None:
         self._call("on_checkpoint", path)

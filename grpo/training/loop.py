@@ -2,7 +2,7 @@
 
     [resume: restore every state from a checkpoint] -> experience (sample, score, filter,
     advantages) -> update (mu times) -> reference refresh -> [reward-model retraining] -> metrics ->
-    callbacks -> checkpoint
+    health rules (grpo/health/) and saved samples -> callbacks -> checkpoint
 
 The loop receives resolved objects (a :class:`Job`: the placed policy, its tokenizer, the prompt
 rows, the reward functions, the device runtime); grpo/api/trainer.py turns what a user gives (paths, dataset
@@ -43,6 +43,8 @@ from grpo.modeling.reference import build_reference
 from grpo.state.resume import TrainState, announce_run, begin_run, check_resumable, find_checkpoint, restore
 from grpo.training.run_checks import check_run
 from grpo.events import emit
+from grpo.health import HealthMonitor
+from grpo.state.samples import SAMPLES_FILE, pick_samples, write_samples
 from grpo.state.signals import GracefulStop
 from grpo.types import TrainBatch
 from grpo.training.update import UpdateStats, build_optimizer, policy_update
@@ -57,7 +59,7 @@ class TrainResult:
     output_dir: Path
     checkpoint: Path | None           # the newest checkpoint of the run (what --resume continues)
     wall_s: float
-    stopped_by: str | None = None     # "SIGINT" / "SIGTERM" / "callback" when the run ended early
+    stopped_by: str | None = None     # "SIGINT" / "SIGTERM" / "callback" / "health" when the run ended early
     signum: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)   # the last step's metrics record
 
@@ -153,6 +155,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
             restore(state, ckpt, cfg)
         world.prepare(state, cfg)
         first = announce_run(out, cfg, ckpt) if world.is_main else (ckpt.step if ckpt else 0) + 1
+        health = HealthMonitor(cfg, out, first, enabled=world.is_main)   # reads back a resumed run's history
         world.barrier()
         checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
         budget = runtime.micro_batch_tokens(model)             # tokens per forward/backward pass
@@ -181,8 +184,14 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                     record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
                 if step == first and world.is_main:
                     begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
+                findings = health.observe(record)              # health/<rule> levels go into the record
                 logger.log(record)
-                asked = callbacks.step_end(step, record)       # a callback may ask the run to stop
+                health.report(findings)                        # console, alerts.jsonl
+                if world.is_main and cfg.log.samples_per_step:
+                    write_samples(out / SAMPLES_FILE, pick_samples(step, exp, cfg.rollout.num_generations,
+                                                                   cfg.log.samples_per_step))
+                callbacks.alert(findings)
+                asked = callbacks.step_end(step, record) or health.halt is not None   # health.halt_on
                 emit("step", step)
                 done = step
                 stop_now = world.any(stop.requested or asked)
@@ -199,7 +208,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 begin_run(out, cfg, ckpt)
             checkpoint = world.save(out, 0, state, cfg)
             callbacks.checkpoint(checkpoint)
-    stopped_by = stop.signal_name or ("callback" if callbacks.stop_requested and done < tc.max_steps else None)
+    stopped_by = stop.signal_name or ("health" if health.halt is not None and done < tc.max_steps else None) or (
+        "callback" if callbacks.stop_requested and done < tc.max_steps else None)
     result = TrainResult(model, tokenizer, done, out, checkpoint, time.perf_counter() - start, stopped_by,
                          stop.signum, record)
     callbacks.train_end(result)

@@ -145,7 +145,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
     normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
-    loss = policy = kl_loss = kl_sum = clipped = dual = tokens = ent_sum = ent_loss = gap_sum = gap_tokens = 0.0
+    loss = policy = kl_loss = kl_sum = clipped = high = dual = tokens = ent_sum = ent_loss = gap_sum = gap_tokens = 0.0
     buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
                                                              micro_batch_tokens))   # FSDP2: same count on every rank
     with cast_frozen_linears(model, device), cast_trainable_linears(model, device):   # autocast: weights cast once
@@ -169,12 +169,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
             loss += float(terms.loss.detach())
             policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
             clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
-            ent_loss += terms.entropy_term
+            ent_loss, high = ent_loss + terms.entropy_term, high + terms.clipped_high_sum
             ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
     if amp is not None:
         torch.clear_autocast_cache()   # free the weights' casts before the step's peak (and they would be stale)
-    loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss = par.reduce(
-        [loss, policy, kl_loss, kl_sum, clipped, dual, tokens, ent_sum, ent_loss])   # over ranks
+    loss, policy, kl_loss, kl_sum, clipped, high, dual, tokens, ent_sum, ent_loss = par.reduce(
+        [loss, policy, kl_loss, kl_sum, clipped, high, dual, tokens, ent_sum, ent_loss])   # over ranks
     params = [p for p in model.parameters() if p.requires_grad]
     if scaler is not None:
         scaler.unscale_(optimizer)                            # true gradients (inf/nan where they overflowed)
@@ -194,4 +194,5 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                        kl=kl_sum / tokens_ if beta > 0 else float("nan"),
                        clip_fraction=clipped / tokens_, entropy=ent_sum / tokens_, grad_norm=grad_norm,
                        lr=lr, skipped=skipped, dual_clip_fraction=dual / tokens_, entropy_loss=ent_loss,
-                       rollout_logprob_diff=gap_sum / gap_tokens if gap_tokens else float("nan"))
+                       rollout_logprob_diff=gap_sum / gap_tokens if gap_tokens else float("nan"),
+                       clip_high_fraction=high / tokens_)

@@ -365,3 +365,12 @@ def test_logprob_gap_is_the_masked_mean_absolute_difference():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     assert logprob_gap(logp, sampled, mask) == pytest.approx((0.5 + 0.0 + 0.25 + 0.5) / 4)
     assert math.isnan(logprob_gap(logp, sampled, torch.zeros_like(mask)))
+
+
+def test_clip_counts_split_into_high_and_low():
+    """Ratios 1.5, 0.5, 1.1 with A = +1, -1, +1 (eps 0.2): token 0 clipped high (1.5 > 1.2, A > 0), token 1 clipped
+    low (0.5 < 0.8, A < 0), token 2 inside the range: clipped_sum 2, of which high 1."""
+    logp = torch.log(torch.tensor([[1.5], [0.5], [1.1]]))
+    terms = grpo_loss(logp, torch.zeros(3, 1), None, torch.tensor([1.0, -1.0, 1.0]), torch.ones(3, 1), epsilon=0.2,
+                      epsilon_high=None, beta=0.0, normalizer=3.0)
+    assert (terms.clipped_sum, terms.clipped_high_sum, terms.tokens) == (2.0, 1.0, 3.0)

@@ -141,7 +141,8 @@ def test_disk_full_while_saving_is_one_line_exit_2_and_the_run_resumes(env, refe
     assert capsys.readouterr().err == (f"error: writing checkpoint {out / 'checkpoint-4'} failed: No space left on "
                                        f"device ({out / '.checkpoint-4.tmp' / 'optimizer.pt'}); earlier checkpoints "
                                        f"are intact\n")
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.yaml", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.yaml", "metrics.jsonl",
+                                                       "samples.jsonl"]
     verify_checkpoint(out / "checkpoint-2")
     monkeypatch.setattr(torch, "save", real_save)
     run_in_process(flat, **{"train.resume": "auto"})
@@ -198,7 +199,8 @@ def test_a_real_full_disk_is_one_line_exit_2_and_the_run_resumes(env, reference_
         err = capsys.readouterr().err
         assert err == (f"error: writing checkpoint {out / 'checkpoint-4'} failed: No space left on device "
                        f"({out / '.checkpoint-4.tmp' / 'optimizer.pt'}); earlier checkpoints are intact\n")
-        assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.yaml", "metrics.jsonl"]
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.yaml", "metrics.jsonl",
+                                                       "samples.jsonl"]
         verify_checkpoint(out / "checkpoint-2")
         shutil.copytree(out, tmp_path / "run")                 # continue on a disk with room
     run_in_process(tiny_config(*env, tmp_path / "run"), **{"train.resume": "auto"})
@@ -269,7 +271,7 @@ def test_a_run_failing_at_its_first_step_leaves_an_existing_directory_byte_ident
     after = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     assert after == before                                      # config.yaml, metrics.jsonl, checkpoints: as they were
     assert sorted(p.name for p in out.iterdir()) == [".checkpoint-6.tmp", "checkpoint-2", "checkpoint-4", "config.yaml",
-                                                     "metrics.jsonl"]
+                                                     "metrics.jsonl", "samples.jsonl"]
 
 
 def test_resume_auto_without_a_checkpoint_starts_at_step_zero(env, tmp_path, capsys):
