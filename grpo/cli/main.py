@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="Run GRPO training.", epilog=TRAIN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML config file (sections: model, lora, data, rollout, reward, algorithm, optim, train, log).")
+    p.add_argument("--config", help="YAML config file (sections: model, lora, data, rollout, reward, algorithm, optim, train, log, health).")
     p.add_argument("--model", help="Local Hugging Face model directory (default: the embedded base policy).")
     p.add_argument("--dataset", help="Prompt dataset: .jsonl/.json/.csv/.parquet or a save_to_disk directory (default: the embedded arithmetic task).")
     p.add_argument("--reward", action="append", help="Reward function: a built-in name or file.py:function (repeatable).")

@@ -119,7 +119,8 @@ def change(x: np.ndarray) -> float:
 
 def spike_flags(x: np.ndarray, mad_k: float, ratio: float, window: int = 100, min_prior: int = 10) -> np.ndarray:
     """Which values are spikes: above median + mad_k x MAD and above ratio x median of the (up to) `window`
-    values before them; a value with fewer than `min_prior` finite values before it is never one.
+    values before them; a value with fewer than `min_prior` finite values before it, or after a median of 0 (a
+    run that stopped moving: any motion would count), is never one.
     Shape: [n] -> [n] bool."""
     flags = np.zeros(x.size, dtype=bool)
     for i in range(x.size):
@@ -128,5 +129,5 @@ def spike_flags(x: np.ndarray, mad_k: float, ratio: float, window: int = 100, mi
         if prior.size < min_prior or not np.isfinite(x[i]):
             continue
         med = float(np.median(prior))
-        flags[i] = x[i] > med + mad_k * mad(prior) and x[i] > ratio * med
+        flags[i] = med > 0 and x[i] > med + mad_k * mad(prior) and x[i] > ratio * med
     return flags

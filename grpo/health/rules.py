@@ -88,7 +88,11 @@ def dead_groups(h: History, cfg: Config) -> Finding | None:
         return None
     name = main_reward(h)
     rate = nanmean(h.last(f"reward/{name}/mean", 20)) if name else float("nan")
-    if rate >= cfg.health.easy_pass_rate:
+    spread = nanmean(h.last(f"reward/{name}/std", 20)) if name else float("nan")
+    if spread == 0.0:
+        advice, keys = ("every completion got the same reward in the last 20 steps: check the reward function "
+                        "(reward.functions) on known-good and known-bad answers", ("reward.functions",))
+    elif rate >= cfg.health.easy_pass_rate:
         advice, keys = ("the prompts are too easy: use harder data (data.dataset) or filter solved prompts; "
                         "algorithm.dynamic_sampling drops tied groups", ("data.dataset", "algorithm.dynamic_sampling"))
     elif rate <= cfg.health.hard_pass_rate:

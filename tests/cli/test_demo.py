@@ -14,14 +14,20 @@ def test_demo_writes_summary_metrics_and_curves(tmp_path):
     assert 0.0 <= on_disk["after"]["accuracy"] <= 1.0 and on_disk["wall_s"] > 0
     assert len((tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "demo" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "<img" in (tmp_path / "demo" / "report.html").read_text()              # grpo report, next to summary.json
+    assert len((tmp_path / "demo" / "samples.jsonl").read_text().splitlines()) == 2 * 2   # best + worst per step
 
 
 @pytest.mark.slow
 def test_demo_learns(tmp_path):
-    """End to end: GRPO raises greedy held-out accuracy by >= 15 points (the demo's promise)."""
+    """End to end: GRPO raises greedy held-out accuracy by >= 15 points (the demo's promise), and the health
+    rules stay silent on it (docs/health.md): no alerts.jsonl line, report.html beside summary.json."""
     summary = run_demo(tmp_path / "demo", overrides={"log.progress_bar": False})
     gain = summary["after"]["accuracy"] - summary["before"]["accuracy"]
     assert gain >= 0.15, summary
+    alerts = tmp_path / "demo" / "alerts.jsonl"
+    assert not alerts.exists() or alerts.read_text() == "", alerts.read_text()
+    assert (tmp_path / "demo" / "report.html").is_file()
 
 
 @pytest.mark.slow
