@@ -8,7 +8,7 @@ Wn = its last n steps.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -46,17 +46,28 @@ def _float(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
 
 
-@dataclass
 class History:
-    """The step records seen so far (each a metrics.jsonl record: a dict with "step")."""
+    """The step records seen so far (each a metrics.jsonl record: a dict with "step"), kept as records and as
+    one column of floats per metric, so a rule's window costs no scan of the whole run."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)
+    def __init__(self, records: Iterable[dict[str, Any]] = ()):
+        self.records: list[dict[str, Any]] = []
+        self.columns: dict[str, list[float]] = {}
+        self._baselines: dict[tuple[str, int, int], float] = {}   # final once the run is past the window
+        self.extend(records)
 
     def append(self, record: dict[str, Any]) -> None:
+        n = len(self.records)
+        for key, value in record.items():
+            self.columns.setdefault(key, [float("nan")] * n).append(_float(value))
+        for key, col in self.columns.items():
+            if len(col) == n:                                          # a metric this step does not have
+                col.append(float("nan"))
         self.records.append(record)
 
     def extend(self, records: Iterable[dict[str, Any]]) -> None:
-        self.records.extend(records)
+        for record in records:
+            self.append(record)
 
     @property
     def step(self) -> int:
@@ -64,11 +75,15 @@ class History:
 
     def series(self, key: str) -> np.ndarray:
         """Every step's value of `key` (NaN where missing).  Shape: [steps]."""
-        return np.array([_float(r.get(key)) for r in self.records], dtype=np.float64)
+        col = self.columns.get(key)
+        return np.array(col, dtype=np.float64) if col is not None else np.full(len(self.records), np.nan)
 
     def last(self, key: str, n: int) -> np.ndarray:
         """W_n: the last n steps' values of `key`.  Shape: [min(n, steps)]."""
-        return self.series(key)[-n:]
+        col = self.columns.get(key)
+        if col is None:
+            return np.full(min(n, len(self.records)), np.nan)
+        return np.array(col[-n:], dtype=np.float64)
 
     def has(self, key: str) -> bool:
         """Whether any step has a finite value of `key`."""
@@ -76,8 +91,13 @@ class History:
 
     def baseline(self, key: str, lo: int, hi: int) -> float:
         """B: the median of `key` over steps lo..hi (NaN when none is finite)."""
-        steps = np.array([int(r["step"]) for r in self.records])
-        return nanmedian(self.series(key)[(steps >= lo) & (steps <= hi)])
+        if (key, lo, hi) in self._baselines:
+            return self._baselines[key, lo, hi]
+        steps = self.series("step")
+        value = nanmedian(self.series(key)[(steps >= lo) & (steps <= hi)])
+        if self.step > hi:
+            self._baselines[key, lo, hi] = value
+        return value
 
     def reward_names(self) -> list[str]:
         """The reward functions of the run in their configured order (the first is the main reward)."""
@@ -117,13 +137,14 @@ def change(x: np.ndarray) -> float:
     return float(slope * (x.size - 1))
 
 
-def spike_flags(x: np.ndarray, mad_k: float, ratio: float, window: int = 100, min_prior: int = 10) -> np.ndarray:
+def spike_flags(x: np.ndarray, mad_k: float, ratio: float, window: int = 100, min_prior: int = 10,
+                tail: int | None = None) -> np.ndarray:
     """Which values are spikes: above median + mad_k x MAD and above ratio x median of the (up to) `window`
     values before them; a value with fewer than `min_prior` finite values before it, or after a median of 0 (a
     run that stopped moving: any motion would count), is never one.
-    Shape: [n] -> [n] bool."""
+    Only the last `tail` values are judged (the others stay False). Shape: [n] -> [n] bool."""
     flags = np.zeros(x.size, dtype=bool)
-    for i in range(x.size):
+    for i in range(x.size - min(tail or x.size, x.size), x.size):
         prior = x[max(0, i - window):i]
         prior = prior[np.isfinite(prior)]
         if prior.size < min_prior or not np.isfinite(x[i]):

@@ -170,9 +170,9 @@ def kl_blowup(h: History, cfg: Config) -> Finding | None:
         return _finding("kl_blowup", "critical", f"mean KL over the last 10 steps is {now:.3g}", advice, keys, now)
     if now > hc.kl_warn and change(window) > 0:
         return _finding("kl_blowup", "warn", f"mean KL over the last 10 steps is {now:.3g} and rising", advice, keys, now)
-    kl = h.series("kl/mean")
+    kl = h.last("kl/mean", 101)                                  # the last step and the W100 before it
     last = float(kl[-1])
-    if last > hc.kl_spike_min and spike_flags(kl, hc.spike_mad, hc.spike_ratio)[-1]:
+    if last > hc.kl_spike_min and spike_flags(kl, hc.spike_mad, hc.spike_ratio, tail=1)[-1]:
         return _finding("kl_blowup", "warn", f"KL spiked to {last:.3g}", advice, keys, last)
     return None
 
@@ -246,8 +246,8 @@ def clip_saturation(h: History, cfg: Config) -> Finding | None:
 @rule("grad_spike")
 def grad_spike(h: History, cfg: Config) -> Finding | None:
     """The gradient norm (before clipping) far above its recent median; repeated spikes are critical."""
-    grad = h.series("optim/grad_norm")
-    flags = spike_flags(grad, cfg.health.spike_mad, cfg.health.spike_ratio)
+    grad = h.last("optim/grad_norm", 150)                       # W50, each step with the W100 before it
+    flags = spike_flags(grad, cfg.health.spike_mad, cfg.health.spike_ratio, tail=50)
     count = int(flags[-50:].sum())
     if count >= cfg.health.grad_spike_critical:
         severity = "critical"

@@ -151,3 +151,12 @@ def test_statistics_against_hand_values():
     x = np.array([1.0] * 20 + [5.0])
     assert spike_flags(x, 8.0, 3.0).tolist() == [False] * 20 + [True]
     assert not spike_flags(np.array([1.0] * 5 + [5.0]), 8.0, 3.0).any()       # fewer than 10 values before it
+
+
+def test_spike_flags_of_the_tail_equal_the_full_computation():
+    rng = np.random.default_rng(1)
+    x = np.abs(rng.normal(1.0, 0.1, 200))
+    x[[120, 150, 199]] = 9.0
+    full, tail = spike_flags(x, 8.0, 3.0), spike_flags(x, 8.0, 3.0, tail=50)
+    assert tail[-50:].tolist() == full[-50:].tolist() and not tail[:-50].any()
+    assert np.flatnonzero(full).tolist() == [120, 150, 199]
