@@ -74,6 +74,8 @@ class Generation:
         sampling_logprobs: [N, T] float32, log-prob of each token under the distribution it was
             sampled from (after temperature / top-k / top-p); 0 where the mask is 0.
         truncated: [N] bool, True when the completion hit ``max_new_tokens`` without EOS.
+        action_mask: [N, T] long or None, multi-turn episodes (grpo/rollout/multiturn.py): 1 on the
+            tokens the model sampled, 0 on observation tokens fed back to it (context, never trained on).
     """
 
     prompt_ids: torch.Tensor
@@ -82,6 +84,12 @@ class Generation:
     completion_mask: torch.Tensor
     sampling_logprobs: torch.Tensor
     truncated: torch.Tensor
+    action_mask: torch.Tensor | None = None
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """The tokens the loss and the KL see: every completion token, less observation tokens.  [N, T] long"""
+        return self.completion_mask if self.action_mask is None else self.completion_mask * self.action_mask
 
 
 @dataclass
@@ -96,6 +104,7 @@ class Groups:
     total: torch.Tensor                      # [N] combined reward (NaN = no reward at all)
     sample_s: float = 0.0                    # seconds spent sampling these completions
     errors: dict[str, int] = field(default_factory=dict)  # per function: rewards zeroed after an error
+    metrics: dict[str, float] = field(default_factory=dict)  # of the sampling itself (tools/*, env/* of episodes)
 
 
 @dataclass

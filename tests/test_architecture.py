@@ -26,12 +26,13 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"config", "types", "rewards"},
     "state": {"config", "types", "events", "algorithms", "modeling", "data"},
     "health": {"config", "types", "state"},                         # rules read metric histories only
+    "envs": {"config", "types", "rewards", "rollout", "modeling", "data"},   # environments drive the rollout
     "training": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state",
-                 "health"},
+                 "health", "envs"},
     "api": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training",
-            "health"},
+            "health", "envs"},
     "cli": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training",
-            "api", "health"},
+            "api", "health", "envs"},
 }
 #: edges the issue names as forbidden (they must stay outside ALLOWED).
 FORBIDDEN = [("algorithms", "training"), ("rollout", "rewards"), ("rewards", "training"), ("data", "training"),

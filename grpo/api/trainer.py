@@ -51,7 +51,7 @@ class Trainer:
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, config: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, tokenizer: Any = None, callbacks: list | None = None, *,
-                 args: Any = None, processing_class: Any = None):
+                 args: Any = None, processing_class: Any = None, env: Any = None):
         if args is not None and config is not None:
             raise TypeError("give config= or its alias args=, not both")
         if processing_class is not None and tokenizer is not None:
@@ -80,6 +80,12 @@ class Trainer:
         from grpo.rewards import load_reward
 
         self.step_rewards = [load_reward(spec) for spec in cfg.reward.process_functions]
+        self.env = None                                      # multi-turn episodes (docs/agents.md)
+        if env is not None or cfg.rollout.env:
+            from grpo.envs.environment import load_env
+
+            self.env = load_env(env if env is not None else cfg.rollout.env, cfg.rollout.tool_timeout_s,
+                                cfg.rollout.max_observation_chars)
         self.runtime = build_runtime(cfg)
         self.runtime.prepare_process()                       # CPU: threads, allocator; CUDA: set_device
         from grpo.training.loop import seed_everything
@@ -94,7 +100,7 @@ class Trainer:
         from grpo.training.loop import Job, run
 
         job = Job(self.config, self.model, self.tokenizer, self.records, self.rewards, self.step_rewards,
-                  self.runtime, self.callbacks, self.eval_records)
+                  self.runtime, self.callbacks, self.eval_records, self.env)
         self.result = run(job)
         return self.result
 

@@ -127,9 +127,15 @@ def resume_command(argv: list[str]) -> str:
 
 
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.task == "calculator":                       # the agentic demo: multi-turn episodes with a tool
+        from grpo.cli.demo_calculator import run_calculator_demo
+
+        run_calculator_demo(args.out or "runs/demo-calculator", steps=args.steps, eval_problems=args.eval_problems,
+                            seed=args.seed, overrides=parse_overrides(extra))
+        return 0
     from grpo.cli.demo import run_demo
 
-    run_demo(args.out, steps=args.steps, eval_problems=args.eval_problems, seed=args.seed,
+    run_demo(args.out or "runs/demo", steps=args.steps, eval_problems=args.eval_problems, seed=args.seed,
              overrides=parse_overrides(extra))
     return 0
 
@@ -194,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="Evaluate the base policy, run GRPO, evaluate again (embedded task).",
                        epilog="Extra --section.key VALUE options override the demo's training config.")
-    p.add_argument("--out", default="runs/demo", help="Output directory (default: runs/demo).")
+    p.add_argument("--out", default=None, help="Output directory (default: runs/demo, or runs/demo-calculator).")
+    p.add_argument("--task", choices=["arithmetic", "calculator"], default="arithmetic",
+                   help="arithmetic (default) | calculator: multi-turn episodes with a calc() tool (docs/agents.md).")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's setting).")
     p.add_argument("--eval-problems", dest="eval_problems", type=int, default=256,
                    help="Held-out problems evaluated before and after (default: 256).")

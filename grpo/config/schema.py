@@ -81,6 +81,17 @@ class RolloutConfig:
     temperature: float = _f(1.0, "Sampling temperature; also applied to the logits of the training forward pass.")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off).")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
+    env: str | None = _f(None, "Multi-turn episodes with tools (docs/agents.md): a built-in environment (calculator | "
+                         "python) or file.py:Class; the Python API also takes an object. Empty = single-turn.")
+    tool_parser: str = _f("qwen", "How tool calls are read from <tool_call>...</tool_call>: qwen (a JSON "
+                          "{name, arguments}) | call (name(argument)) | file.py:function.")
+    max_turns: int = _f(4, "Tool calls answered per episode; the next call ends the episode (rollout.max_new_tokens "
+                        "caps all tokens of an episode, observations included).")
+    tool_timeout_s: float = _f(5.0, "Seconds a tool or env.step may take; past it the model reads an error "
+                               "observation and the run goes on (tools/timeouts).")
+    max_observation_chars: int = _f(512, "Longer tool outputs are cut to this many characters.")
+    observation_format: str = _f("<tool_response>{}</tool_response>", "How an observation is written into the "
+                                 "episode ({} = the tool's text); its tokens are context, never trained on.")
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,10 @@ def uses_chat_template(tokenizer, conversational: bool, system_prompt: str | Non
     return conversational or bool(system_prompt and has_chat_template(tokenizer))
 
 
-def render_prompt(tokenizer, prompt: str | list[dict[str, Any]], system_prompt: str | None = None) -> str:
-    """The text the policy sees for one raw prompt (see the module docstring)."""
+def render_prompt(tokenizer, prompt: str | list[dict[str, Any]], system_prompt: str | None = None,
+                  tools: list | None = None) -> str:
+    """The text the policy sees for one raw prompt (see the module docstring); `tools` (functions of a
+    multi-turn environment) go to the chat template, which renders their JSON schemas."""
     if isinstance(prompt, str):
         if not system_prompt:
             return prompt
@@ -77,12 +79,15 @@ def render_prompt(tokenizer, prompt: str | list[dict[str, Any]], system_prompt: 
     if not has_chat_template(tokenizer):
         raise DataError("chat-message prompts need a tokenizer with a chat template (tokenizer.chat_template)")
     messages = [_clean(m) for m in with_system_prompt(prompt, system_prompt)]
+    if tools:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def encode_prompts(tokenizer, prompts: list, system_prompt: str | None, conversational: bool) -> list[list[int]]:
+def encode_prompts(tokenizer, prompts: list, system_prompt: str | None, conversational: bool,
+                   tools: list | None = None) -> list[list[int]]:
     """Token ids of every rendered prompt, one tokenizer call for the whole list."""
-    texts = [render_prompt(tokenizer, p, system_prompt) for p in prompts]
+    texts = [render_prompt(tokenizer, p, system_prompt, tools) for p in prompts]
     templated = uses_chat_template(tokenizer, conversational, system_prompt)
     return tokenizer(texts, add_special_tokens=not templated)["input_ids"]
 
@@ -122,7 +127,7 @@ def _embedded_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
     return TASKS[cfg.task].generate("train", cfg.num_train_prompts, seed=seed)
 
 
-def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None, records=None) -> PromptSet:
+def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None, records=None, tools: list | None = None) -> PromptSet:
     """The training prompts: in-memory `records` (grpo.data.datasets_io.Records, e.g. from the Python API),
     a dataset file/directory, or the embedded task's train split. The same column rules apply to all.
 
@@ -148,7 +153,7 @@ def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None, records=None) -
     if conversational and not has_chat_template(tokenizer):
         raise DataError(f"{source}: prompts are chat messages but the tokenizer has no chat template; "
                         f"set tokenizer.chat_template or use string prompts")
-    ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.system_prompt, conversational)
+    ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.system_prompt, conversational, tools)
     kept, ids, dropped, truncated = apply_length_policy(ids, cfg.max_prompt_length, cfg.long_prompts, source, where)
     rows = [dict(rows[i], **{IDS_KEY: x}) for i, x in zip(kept, ids)]
     return PromptSet(rows, source, conversational, dropped, truncated, len(skipped))

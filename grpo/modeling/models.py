@@ -26,12 +26,16 @@ from transformers import (
 
 #: Directory of the embedded cold-start checkpoint (model + tokenizer).
 EMBEDDED_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "arithmetic-sft"
+#: The cold-start policy of the calculator (tool-use) task: `grpo demo --task calculator` (docs/agents.md).
+CALCULATOR_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "calculator-sft"
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<|unk|>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
+#: Extra single tokens of the tool-use tokenizer (the calculator task, docs/agents.md).
+TOOL_TAG_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 #: Single characters in the vocabulary (order fixes the token ids).
 CHARACTERS = string.digits + "+-*/=,.:;!?()'\"" + " \n" + string.ascii_lowercase
 
@@ -46,7 +50,7 @@ MAX_POSITIONS = 128
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def build_tokenizer(model_max_length: int = MAX_POSITIONS) -> PreTrainedTokenizerFast:
+def build_tokenizer(model_max_length: int = MAX_POSITIONS, extra_tags: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """Character-level fast tokenizer with single-token reasoning tags.
 
     Every character of :data:`CHARACTERS` is one token; ``<think>``,
@@ -63,7 +67,7 @@ def build_tokenizer(model_max_length: int = MAX_POSITIONS) -> PreTrainedTokenize
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS + tuple(extra_tags)])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

@@ -19,7 +19,8 @@ def select_rows(gen: Generation, index: torch.Tensor) -> Generation:
     width = int(mask.sum(dim=1).max()) if mask.numel() else 0
     return Generation(prompt_ids=gen.prompt_ids[index], prompt_mask=gen.prompt_mask[index],
                       completion_ids=gen.completion_ids[index, :width], completion_mask=mask[:, :width],
-                      sampling_logprobs=gen.sampling_logprobs[index, :width], truncated=gen.truncated[index])
+                      sampling_logprobs=gen.sampling_logprobs[index, :width], truncated=gen.truncated[index],
+                      action_mask=None if gen.action_mask is None else gen.action_mask[index, :width])
 
 
 def _pad_to(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
@@ -40,4 +41,6 @@ def concat_generations(gens: list[Generation], pad_token_id: int) -> Generation:
         completion_ids=cat(lambda g: _pad_to(g.completion_ids, T, pad_token_id, left=False)),
         completion_mask=cat(lambda g: _pad_to(g.completion_mask, T, 0, left=False)),
         sampling_logprobs=cat(lambda g: _pad_to(g.sampling_logprobs, T, 0.0, left=False)),
-        truncated=cat(lambda g: g.truncated))
+        truncated=cat(lambda g: g.truncated),
+        action_mask=None if all(g.action_mask is None for g in gens) else cat(
+            lambda g: _pad_to(g.completion_mask if g.action_mask is None else g.action_mask, T, 0, left=False)))

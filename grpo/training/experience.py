@@ -25,6 +25,7 @@ from grpo.algorithms.loss import KL_ESTIMATORS, logprob_gap
 from grpo.rewards import score
 from grpo.rewards.process import score_steps
 from grpo.rewards.text import chat_completions
+from grpo.envs.episodes import play_episodes
 from grpo.rollout import Generation, sample
 from grpo.rollout.batching import concat_generations, select_rows
 from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
@@ -39,7 +40,7 @@ def select_groups(groups: Groups, index: torch.Tensor) -> Groups:
     return Groups(select_rows(groups.gen, index), [groups.prompts[i] for i in idx],
                   {k: [v[i] for i in idx] for k, v in groups.columns.items()},
                   [groups.completions[i] for i in idx], groups.per_function[index], groups.total[index],
-                  groups.sample_s, groups.errors)
+                  groups.sample_s, groups.errors, groups.metrics)
 
 
 def decode_completions(tokenizer, gen: Generation) -> list[str]:
@@ -72,27 +73,40 @@ def lengths_of(gen: Generation) -> torch.Tensor:
     return gen.completion_mask.sum(dim=1).float()
 
 
-def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index: list[int], device) -> Groups:
+def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index: list[int], device,
+                env=None) -> Groups:
     """Sample k completions for each prompt row and score them (k = gfpo_sample_size or G).
 
     `index`: each row's global position in the prompt order; with `train.seed` it keys the row's sampling
-    (grpo/rollout/keyed.py), so a prompt gets the same k completions on any rank and in any batch."""
+    (grpo/rollout/keyed.py), so a prompt gets the same k completions on any rank and in any batch.
+    `env` (grpo.envs.EnvFactory, `rollout.env`): k multi-turn episodes per row instead; reward functions
+    then receive each episode's message list (assistant and tool turns) as its completion."""
     ro, algo = cfg.rollout, cfg.algorithm
     k = algo.gfpo_sample_size or ro.num_generations
     prompts = tokenize_prompts(tokenizer, rows, device)                                     # [B, P]
     t0 = time.perf_counter()
-    gen = sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
-                 max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                 top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
-                 pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed,
-                 prompt_index=torch.tensor(index, dtype=torch.long, device=device))         # [B*k, T]
+    keyed = torch.tensor(index, dtype=torch.long, device=device)
+    episodes = None
+    if env is not None:
+        episodes = play_episodes(model, tokenizer, rows, prompts.prompt_ids, prompts.prompt_mask, env, cfg, k,
+                                 index, device)
+        gen = episodes.gen                                                                  # [B*k, T]
+    else:
+        gen = sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
+                     max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+                     top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed)  # [B*k, T]
     sample_s = time.perf_counter() - t0
     completions = decode_completions(tokenizer, gen)
     per_prompt = repeat_each(prompts.prompts, k)
     columns = {name: repeat_each(values, k) for name, values in prompts.columns.items()}
     # as TRL: by keyword, chat prompts get [{"role": "assistant", "content": text}] completions
+    scored_completions = chat_completions(per_prompt, completions)
+    if episodes is not None:                             # multi-turn: the episode's messages
+        scored_completions = episodes.messages
+        columns.update(episodes.columns)
     combine = functools.partial(REWARD_COMBINERS[algo.reward_combination], group_size=k, eps=algo.advantage_eps)
-    scored = score(rewards, cfg.reward.weights, per_prompt, chat_completions(per_prompt, completions),
+    scored = score(rewards, cfg.reward.weights, per_prompt, scored_completions,
                    reward_columns(columns, gen), on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s,
                    combine=combine)                                                  # the one reward total
     total = scored.total
@@ -100,7 +114,8 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index:
         cache = max(1, round(algo.overlong_cache_fraction * ro.max_new_tokens))
         lengths = lengths_of(gen).to(total.device)                                       # [k*B] beside the rewards
         total = total + soft_overlong_penalty(lengths, ro.max_new_tokens, cache, algo.overlong_penalty_factor)
-    groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s, scored.errors)
+    groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s, scored.errors,
+                    episodes.metrics if episodes is not None else {})
     if algo.gfpo_sample_size:              # GFPO: keep G of the k samples of each prompt
         lengths = lengths_of(gen).to(total.device)
         groups = select_groups(groups, gfpo_select(total, lengths, k, ro.num_generations, algo.gfpo_metric))
@@ -120,14 +135,14 @@ def concat_groups(parts: list[Groups], pad_token_id: int) -> Groups:
                   torch.cat([p.per_function for p in parts]), torch.cat([p.total for p in parts]))
 
 
-def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config, device) -> tuple[Groups, dict]:
+def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config, device, env=None) -> tuple[Groups, dict]:
     """B scored groups; with dynamic sampling, groups whose rewards all tie are replaced by fresh ones
     (at most `max_sampling_tries` extra rounds; short batches are topped up with tied groups)."""
     B, G, algo = cfg.train.prompts_per_step, cfg.rollout.num_generations, cfg.algorithm
     rows, index = stream.next_indexed(B)                   # index: global draw positions, keys of the sampling
-    first = draw_groups(model, tokenizer, rows, rewards, cfg, index, device)
+    first = draw_groups(model, tokenizer, rows, rewards, cfg, index, device, env)
     if not algo.dynamic_sampling:
-        return first, {}
+        return first, dict(first.metrics)
     kept, spare, drawn, tries, sample_s = [], [], B, 0, first.sample_s
     errors = Counter(first.errors)
     current = first
@@ -145,14 +160,14 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
         tries += 1
         drawn += B - have
         rows, index = stream.next_indexed(B - have)        # fresh prompts: fresh keys
-        current = draw_groups(model, tokenizer, rows, rewards, cfg, index, device)
+        current = draw_groups(model, tokenizer, rows, rewards, cfg, index, device, env)
         sample_s += current.sample_s
         errors.update(current.errors)
     informative_count = sum(p.total.numel() for p in kept) // G
     parts = kept + spare
     groups = select_groups(concat_groups(parts, tokenizer.pad_token_id), torch.arange(B * G, device="cpu"))
     groups.sample_s, groups.errors = sample_s, dict(errors)
-    return groups, {"sampling/groups_drawn": float(drawn), "sampling/extra_rounds": float(tries),
+    return groups, {**first.metrics, "sampling/groups_drawn": float(drawn), "sampling/extra_rounds": float(tries),
                     "sampling/informative_groups": float(min(informative_count, B))}
 
 
@@ -168,17 +183,17 @@ def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg:
 
 
 def make_experience(model, tokenizer, stream: PromptStream, rewards, step_rewards, reference, cfg: Config,
-                    device, max_tokens: int | None = None) -> Experience:
+                    device, max_tokens: int | None = None, env=None) -> Experience:
     """Everything one GRPO step trains on (see the module docstring for the order of stages).
     `max_tokens`: the token budget of the reference / old-policy passes (the runtime's
     micro_batch_tokens; None = train.micro_batch_tokens resolved for the CPU)."""
     algo, ro, mb = cfg.algorithm, cfg.rollout, cfg.train.micro_batch_size
     G = ro.num_generations
-    groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, device)
+    groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, device, env)
     gen = groups.gen
     input_ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)                # [N, P + T]
     attention_mask = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)        # [N, P + T]
-    T, mask = gen.completion_ids.shape[1], gen.completion_mask.float()                 # [N, T]
+    T, mask = gen.completion_ids.shape[1], gen.loss_mask.float()        # [N, T] observation tokens: context only
     budget = micro_batch_tokens(cfg.train.micro_batch_tokens, model) if max_tokens is None else max_tokens
     ref = (reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget)
            if reference is not None else None)
@@ -209,7 +224,7 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     comparable = ro.temperature > 0 and ro.top_k == 0 and ro.top_p >= 1.0   # the sampler's own distribution
     sampled = gen.sampling_logprobs if comparable else None                 # [N, T]
     if old is not None and sampled is not None:          # the sampler vs a forward of the same policy
-        metrics["rollout/logprob_diff"] = logprob_gap(old, sampled, gen.completion_mask)
+        metrics["rollout/logprob_diff"] = logprob_gap(old, sampled, gen.loss_mask)
     if algo.num_iterations == 1:
         old = None                                       # pi_old = pi_theta.detach() in the update
     batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref, sampled)

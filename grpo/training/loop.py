@@ -77,6 +77,7 @@ class Job:
     runtime: Any                      # grpo.training.runtime.CpuRuntime | CudaRuntime
     callbacks: CallbackList = field(default_factory=CallbackList)
     eval_records: Any = None          # the API's eval_dataset (Records), for train.eval_steps
+    env: Any = None                   # grpo.envs.EnvFactory: multi-turn episodes with tools (rollout.env)
 
 
 def seed_everything(seed: int) -> None:
@@ -114,7 +115,8 @@ def wants_checkpoint(tc: TrainConfig, step: int) -> bool:
 def initial_state(job: Job) -> tuple[TrainState, Any]:
     """The training state at step 0 and the prompt set (nothing written yet)."""
     cfg, model, tc = job.cfg, job.model, job.cfg.train
-    prompt_set = load_prompts(cfg.data, tc.seed, job.tokenizer, records=job.records)   # rendered, tokenized once
+    prompt_set = load_prompts(cfg.data, tc.seed, job.tokenizer, records=job.records,   # rendered, tokenized once
+                              tools=job.env.tools if job.env is not None else None)
     check_run(cfg, model, job.tokenizer, prompt_set.rows)       # vocabulary, positions, sampling: before any write
     fixed_ref = not cfg.algorithm.ref_update_steps              # a refreshed reference keeps float32 masters
     reference = build_reference(model, cfg.algorithm.beta,      # None when beta = 0
@@ -167,7 +169,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 t0 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # train.precision: forward passes only
                     exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
-                                          state.reference, run_cfg, runtime.device, max_tokens=budget)
+                                          state.reference, run_cfg, runtime.device, max_tokens=budget, env=job.env)
                 emit("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)

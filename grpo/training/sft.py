@@ -45,11 +45,26 @@ def build_batch(tokenizer, prompts: list[str], completions: list[str], add_eos: 
     input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id, dtype=torch.long, device="cpu")
     attention_mask = torch.zeros((len(sequences), width), dtype=torch.long, device="cpu")
     labels = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long, device="cpu")
+    spans = observation_tags(tokenizer)
     for row, (p, seq) in enumerate(zip(prompt_ids, sequences)):
         input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long, device="cpu")
         attention_mask[row, : len(seq)] = 1
         labels[row, len(p) : len(seq)] = torch.tensor(seq[len(p) :], dtype=torch.long, device="cpu")
+        if spans is not None:                         # tool responses are read, not written (as in GRPO's loss)
+            inside = False
+            for i in range(len(p), len(seq)):
+                inside = inside or seq[i] == spans[0]
+                if inside:
+                    labels[row, i] = IGNORE_INDEX
+                    inside = seq[i] != spans[1]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def observation_tags(tokenizer) -> tuple[int, int] | None:
+    """The ids of ``<tool_response>`` and ``</tool_response>`` when both are single tokens (the tool-use
+    tokenizer), whose spans SFT leaves out of the loss; None otherwise."""
+    ids = tokenizer.convert_tokens_to_ids(["<tool_response>", "</tool_response>"])
+    return None if any(i is None or i == tokenizer.unk_token_id for i in ids) else (ids[0], ids[1])
 
 
 def completion_loss(model, batch: dict, reduction: str = "mean") -> torch.Tensor:
@@ -109,17 +124,27 @@ def run_sft(
     log_every: int = 50,
     spec: arithmetic.TaskSpec = arithmetic.DEFAULT_SPEC,
     log=print,
+    task: str = "arithmetic",
 ) -> dict:
-    """Train a fresh ``size`` policy on arithmetic demonstrations and save it to ``out_dir``.
+    """Train a fresh ``size`` policy on demonstrations of the embedded `task` and save it to ``out_dir``:
+    arithmetic (``worked_fraction`` worked solutions), or calculator (``worked_fraction`` tool episodes,
+    the tool-use tokenizer; observation tokens are learned as text here, the cold start only needs the form).
 
     Returns ``{"final_loss", "first_loss", "steps", "wall_seconds", "num_parameters"}``
     (``final_loss`` averages the last ``log_every`` steps).
     """
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer()
+    if task == "calculator":
+        from grpo.data.tasks import calculator
+        from grpo.modeling.models import TOOL_TAG_TOKENS
+
+        tokenizer = build_tokenizer(extra_tags=TOOL_TAG_TOKENS)
+        rows = calculator.sft_examples(num_examples, seed=seed, tool_fraction=worked_fraction)
+    else:
+        tokenizer = build_tokenizer()
+        rows = arithmetic.sft_examples(num_examples, seed=seed, worked_fraction=worked_fraction, spec=spec)
     model = build_model(tokenizer, size=size, seed=seed)
     model.train()
-    rows = arithmetic.sft_examples(num_examples, seed=seed, worked_fraction=worked_fraction, spec=spec)
     prompts = [r["prompt"] for r in rows]
     completions = [r["completion"] for r in rows]
     warmup = warmup_steps if warmup_steps is not None else max(1, steps // 20)
@@ -228,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per step (default: %(default)s)")
     parser.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (default: %(default)s)")
+    parser.add_argument("--task", choices=["arithmetic", "calculator"], default="arithmetic",
+                        help="embedded task of the demonstrations (calculator: tool episodes, docs/agents.md)")
     parser.add_argument("--worked-fraction", type=float, default=0.45,
                         help="share of demonstrations that show worked steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data, init and shuffling (default: %(default)s)")
@@ -246,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     stats = run_sft(
         args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, worked_fraction=args.worked_fraction,
         seed=args.seed, size=args.size, num_examples=args.num_examples, warmup_steps=args.warmup_steps,
-        log_every=args.log_every,
+        log_every=args.log_every, task=args.task,
     )
     print(f"sft: final loss {stats['final_loss']:.4f}, {stats['wall_seconds']:.1f}s")
-    if args.eval_n:
+    if args.eval_n and args.task == "arithmetic":
         from grpo.modeling.models import load_policy
 
         model, tokenizer = load_policy(args.out)

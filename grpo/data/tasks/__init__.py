@@ -2,10 +2,10 @@
 each task module names the rewards a run on it uses when none is given (``DEFAULT_REWARDS``)."""
 
 from grpo.config import Config, ConfigError
-from grpo.data.tasks import arithmetic, strings
+from grpo.data.tasks import arithmetic, calculator, strings
 
 #: Embedded tasks by name (`data.task`): each has generate(split, n, seed), a verifier and DEFAULT_REWARDS.
-TASKS = {"arithmetic": arithmetic, "strings": strings}
+TASKS = {"arithmetic": arithmetic, "strings": strings, "calculator": calculator}
 
 
 def default_reward_functions(cfg: Config, dataset: str | None) -> list[str]:
@@ -17,4 +17,4 @@ def default_reward_functions(cfg: Config, dataset: str | None) -> list[str]:
     return list(TASKS[cfg.data.task].DEFAULT_REWARDS)
 
 
-__all__ = ["TASKS", "arithmetic", "default_reward_functions", "strings"]
+__all__ = ["TASKS", "arithmetic", "calculator", "default_reward_functions", "strings"]

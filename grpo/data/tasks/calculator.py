@@ -1,0 +1,72 @@
+"""The agentic embedded task (docs/agents.md): arithmetic too large to do in the head, with a calculator.
+
+A problem is ``a*b+c`` with a in 100..999, b in 11..99, c in 100..999 (``347*29+128=``; answer ``10191``).
+A 0.8M-parameter model cannot multiply such numbers, but it can copy the expression into a tool call,
+read the result and copy it into its answer:
+
+    <tool_call>calc(347*29+128)</tool_call><tool_response>10191</tool_response><answer>10191</answer>
+
+(the `call` tool parser; the tags are single tokens of the tool-use tokenizer, grpo.modeling.models
+TOOL_TAG_TOKENS). The cold-start demonstrations mix such tool episodes with direct answers
+(``<answer>10191</answer>``); the verifier is ``exact_match`` on the last ``<answer>`` block. Train/test
+membership is decided by SHA-256 of the problem (10% held out), as in the other tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+SPLITS = ("train", "test")
+TEST_PERCENT = 10
+#: The rewards of a run on this task when none is named.
+DEFAULT_REWARDS = ("exact_match",)
+#: The run settings the task needs (grpo demo --task calculator; docs/agents.md).
+RUN_SETTINGS = {"rollout.env": "calculator", "rollout.tool_parser": "call", "rollout.max_turns": 2}
+
+
+def solve(problem: str) -> int:
+    a, rest = problem.split("*")
+    b, c = rest.split("+")
+    return int(a) * int(b) + int(c)
+
+
+def split_of(problem: str) -> str:
+    bucket = int.from_bytes(hashlib.sha256(problem.encode("utf-8")).digest()[:8], "big") % 100
+    return "test" if bucket < TEST_PERCENT else "train"
+
+
+def generate(split: str, n: int, seed: int = 0, unique: bool = True) -> list[dict]:
+    """``n`` rows ``{"prompt", "answer"}`` of `split`, a deterministic function of (split, n, seed)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    rng = random.Random(f"calculator:{split}:{seed}")
+    rows, seen = [], set()
+    while len(rows) < n:
+        problem = f"{rng.randint(100, 999)}*{rng.randint(11, 99)}+{rng.randint(100, 999)}"
+        if split_of(problem) != split or (unique and problem in seen):
+            continue
+        seen.add(problem)
+        rows.append({"prompt": f"{problem}=", "answer": str(solve(problem))})
+    return rows
+
+
+def tool_completion(problem: str) -> str:
+    """A tool episode as one text: the call, the calculator's response, the answer."""
+    result = solve(problem)
+    return f"<tool_call>calc({problem})</tool_call><tool_response>{result}</tool_response><answer>{result}</answer>"
+
+
+def direct_completion(problem: str) -> str:
+    return f"<answer>{solve(problem)}</answer>"
+
+
+def sft_examples(n: int, seed: int = 0, tool_fraction: float = 0.3) -> list[dict]:
+    """``n`` cold-start rows ``{"prompt", "completion", "answer"}`` of the train split: a tool episode with
+    probability `tool_fraction`, else a direct answer."""
+    if not 0.0 <= tool_fraction <= 1.0:
+        raise ValueError(f"tool_fraction must be in [0, 1], got {tool_fraction}")
+    style = random.Random(f"calculator:style:{seed}")
+    rows = generate("train", n, seed=seed, unique=False)
+    return [{**r, "completion": (tool_completion if style.random() < tool_fraction else direct_completion)(
+        r["prompt"].removesuffix("="))} for r in rows]

@@ -1,0 +1,104 @@
+"""The driver of a multi-turn rollout (grpo/rollout/multiturn.py): it reads each episode's text as it is
+generated, runs the environment when a tool call closes, and hands back the observation tokens.
+
+Per episode it keeps the message list reward functions receive (``{"role": "assistant"|"tool",
+"content": ...}``), the turn rewards of ``info["reward"]`` and the tool counters of the metrics. A turn
+cap (`rollout.max_turns` tool calls answered; the next call ends the episode) and the token cap of the
+sampler bound every episode. An environment that raises or hangs (`rollout.tool_timeout_s`) is an
+error observation, never the end of the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from grpo.envs.environment import resolve
+from grpo.envs.parsers import ToolCall, ToolCallError, call_body, ends_with_call
+from grpo.rewards.calling import RewardTimeout, in_thread
+
+
+def _step(env: Any, action: Any, timeout_s: float) -> tuple[str, bool, dict]:
+    """env.step(action), sync or async, contained: an exception or a hang is an error observation."""
+    run = lambda: resolve(env.step(action))  # noqa: E731
+    out = in_thread(run, timeout_s) if timeout_s > 0 else _guarded(run)
+    if isinstance(out, RewardTimeout):
+        return f"error: the environment did not answer within {timeout_s:g} s", False, {"error": True,
+                                                                                       "timed_out": True}
+    if isinstance(out, BaseException):
+        return f"error: {type(out).__name__}: {out}", False, {"error": True}
+    try:
+        observation, done, info = out
+    except (TypeError, ValueError):
+        return "error: the environment's step() must return (observation, done, info)", False, {"error": True}
+    return str(observation), bool(done), dict(info or {})
+
+
+def _guarded(run: Callable[[], Any]) -> Any:
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 - reported to the model and the metrics
+        return e
+
+
+class EpisodeDriver:
+    """One driver per rollout call: row r of the sampler is episode r, played in `envs[r]`."""
+
+    def __init__(self, tokenizer, envs: list[Any], parser: Callable[[str], ToolCall], *, max_turns: int,
+                 observation_format: str, timeout_s: float, max_chars: int):
+        self.tokenizer, self.envs, self.parser = tokenizer, envs, parser
+        self.max_turns, self.format, self.timeout_s, self.max_chars = max_turns, observation_format, timeout_s, max_chars
+        n = len(envs)
+        self.turn: list[list[int]] = [[] for _ in range(n)]           # token ids of the model's current turn
+        self.messages: list[list[dict]] = [[] for _ in range(n)]
+        self.turn_rewards: list[list[float]] = [[] for _ in range(n)]
+        self.calls, self.errors, self.timeouts, self.parse_errors = [0] * n, [0] * n, [0] * n, [0] * n
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode([t for t in ids if t != self.tokenizer.eos_token_id], skip_special_tokens=False)
+
+    def _record(self, row: int, info: dict) -> None:
+        self.errors[row] += bool(info.get("error"))
+        self.timeouts[row] += bool(info.get("timed_out"))
+        if isinstance(info.get("reward"), (int, float)):
+            self.turn_rewards[row].append(float(info["reward"]))
+
+    def after_token(self, row: int, token: int) -> tuple[list[int], bool]:
+        self.turn[row].append(token)
+        text = self._text(self.turn[row])
+        if not ends_with_call(text):
+            return [], False
+        self.messages[row].append({"role": "assistant", "content": text})
+        self.turn[row] = []
+        if self.calls[row] + self.parse_errors[row] >= self.max_turns:
+            return [], True                                        # the turn cap: this call is not answered
+        try:
+            call = self.parser(call_body(text))
+        except ToolCallError as e:
+            self.parse_errors[row] += 1
+            observation, done, info = f"error: {e}", False, {"error": True}
+        else:
+            self.calls[row] += 1
+            observation, done, info = _step(self.envs[row], call, self.timeout_s)
+        if len(observation) > self.max_chars:                     # any environment's output is bounded too
+            observation = observation[:self.max_chars] + f"... [cut at {self.max_chars} characters]"
+        self._record(row, info)
+        if done:
+            return [], True
+        self.messages[row].append({"role": "tool", "content": observation})
+        return self.tokenizer.encode(self.format.format(observation), add_special_tokens=False), False
+
+    def finish(self, row: int, ended_by_eos: bool) -> None:
+        text = self._text(self.turn[row])
+        self.turn[row] = []
+        if text or not self.messages[row]:
+            self.messages[row].append({"role": "assistant", "content": text})
+        if ended_by_eos:                                           # the final answer: the env may score it
+            _, _, info = _step(self.envs[row], text, self.timeout_s)
+            self._record(row, info)
+
+    def metrics(self) -> dict[str, float]:
+        n = max(len(self.envs), 1)
+        return {"tools/calls_per_episode": sum(self.calls) / n, "tools/use_rate": sum(c > 0 for c in self.calls) / n,
+                "tools/errors": float(sum(self.errors)), "tools/timeouts": float(sum(self.timeouts)),
+                "tools/parse_errors": float(sum(self.parse_errors)),
+                "env/turns_mean": sum(len([m for m in ms if m["role"] == "assistant"]) for ms in self.messages) / n}

@@ -1,0 +1,50 @@
+"""One step's multi-turn episodes: G environments per prompt, played by grpo/rollout/multiturn.py through an
+:class:`~grpo.envs.agent.EpisodeDriver`; what the experience stage needs back (docs/agents.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo.config import Config
+from grpo.data.prompts import left_pad
+from grpo.envs.agent import EpisodeDriver
+from grpo.envs.environment import EnvFactory, resolve
+from grpo.envs.parsers import load_parser
+from grpo.rollout.multiturn import sample_episodes
+from grpo.types import Generation
+
+
+@dataclass
+class Episodes:
+    gen: Generation                      # completion = model and observation tokens; action_mask marks the model's
+    messages: list[list[dict]]           # [N] each episode's assistant / tool messages (what rewards receive)
+    columns: dict[str, list] = field(default_factory=dict)   # [N] extra reward columns: turn_rewards
+    metrics: dict[str, float] = field(default_factory=dict)   # tools/*, env/*
+
+
+def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  factory: EnvFactory, cfg: Config, k: int, index: list[int], device) -> Episodes:
+    """k episodes of each row (row i*k+j: episode j of prompt i), each in a fresh environment.
+
+    An environment whose reset() returns text replaces the prompt of its group with it (the first
+    episode's text counts: a group shares its prompt); None keeps the row's prompt.
+    Shape: prompt_ids, prompt_mask [B, P] -> Episodes of N = B * k rows."""
+    ro = cfg.rollout
+    envs = [factory.make() for _ in range(len(rows) * k)]
+    firsts = [resolve(env.reset(rows[i // k])) for i, env in enumerate(envs)]
+    replaced = [firsts[i * k] for i in range(len(rows))]
+    if any(isinstance(p, str) for p in replaced):
+        seqs = [tokenizer(p)["input_ids"] if isinstance(p, str) else ids[m.bool()].tolist()
+                for p, ids, m in zip(replaced, prompt_ids, prompt_mask)]
+        prompt_ids, prompt_mask = left_pad(seqs, tokenizer.pad_token_id)
+    driver = EpisodeDriver(tokenizer, envs, load_parser(ro.tool_parser), max_turns=ro.max_turns,
+                           observation_format=ro.observation_format, timeout_s=ro.tool_timeout_s,
+                           max_chars=ro.max_observation_chars)
+    gen = sample_episodes(model, prompt_ids.to(device), prompt_mask.to(device), driver, num_generations=k,
+                          max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+                          top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                          seed=cfg.train.seed, prompt_index=torch.tensor(index, dtype=torch.long, device=device))
+    return Episodes(gen, driver.messages, {"turn_rewards": driver.turn_rewards}, driver.metrics())
