@@ -72,9 +72,29 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.T
     return log_s.detach() + logp - logp.detach()                # [n, T]
 
 
+def trajectory_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """TIC-GRPO (Pang et al., arXiv 2508.02833): one trajectory-level probability ratio per completion,
+
+        log w_i  = log pi_theta(o_i|q) - log pi_old(o_i|q) = sum_t (logp_it - old_it)   (no 1/|o_i|)
+        log w_it = sg[log w_i] + logp_it - sg[logp_it]
+
+    The value is log w_i on every token; d/d logp_it = 1, so once exponentiated each token carries
+    w_i * grad log pi(o_it) and a token-sum aggregation gives w_i * A_i * grad log pi_theta(o_i|q): an
+    importance-sampled estimate of the gradient at the *current* policy from samples of pi_old (GRPO's
+    per-token ratios estimate it at pi_old). Clip it as any ratio (``epsilon_high``; ``epsilon`` >= 1
+    leaves the lower side open).
+
+    Shape: logp, old_logp, mask [n, T] -> [n, T]
+    """
+    mask = mask.to(logp.dtype)
+    log_w = ((logp - old_logp) * mask).sum(dim=1, keepdim=True)          # [n, 1]
+    return log_w.detach() + logp - logp.detach()                # [n, T]
+
+
 IMPORTANCE_RATIOS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "token": token_log_ratio,
     "sequence": sequence_log_ratio,
+    "trajectory": trajectory_log_ratio,     # TIC-GRPO
 }
 
 # ---------------------------------------------------------------- clipped surrogate

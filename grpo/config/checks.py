@@ -47,6 +47,8 @@ def validate(cfg: Config) -> None:
     from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
     from grpo.algorithms.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
     from grpo.algorithms.shaping import GFPO_METRICS
+    from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES
+    from grpo.algorithms.lead import DIFFICULTY_WEIGHTINGS
 
     tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
     metrics_file = metrics_file_problem(cfg.log.metrics_file)
@@ -84,6 +86,19 @@ def validate(cfg: Config) -> None:
         (cfg.algorithm.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0"),
         (cfg.algorithm.ref_update_steps >= 0, "algorithm.ref_update_steps must be >= 0"),
         (0 < cfg.algorithm.ref_mix_alpha <= 1, "algorithm.ref_mix_alpha must be in (0, 1]"),
+        (cfg.algorithm.length_reward_alpha >= 0, "algorithm.length_reward_alpha must be >= 0"),
+        (cfg.algorithm.wrong_answer_penalty >= 0, "algorithm.wrong_answer_penalty must be >= 0 (the reward is -this)"),
+        (cfg.algorithm.difficulty_weighting in DIFFICULTY_WEIGHTINGS,
+         f"algorithm.difficulty_weighting must be one of {sorted(DIFFICULTY_WEIGHTINGS)}"),
+        (0 <= cfg.algorithm.difficulty_weight_min <= cfg.algorithm.difficulty_weight_max,
+         "algorithm.difficulty_weight_min must be >= 0 and <= algorithm.difficulty_weight_max"),
+        (cfg.algorithm.entropy_advantage in ENTROPY_ADVANTAGES,
+         f"algorithm.entropy_advantage must be one of {sorted(ENTROPY_ADVANTAGES)}"),
+        (0 <= cfg.algorithm.entropy_reward_weight <= 1, "algorithm.entropy_reward_weight must be in [0, 1]"),
+        (not cfg.algorithm.guided_error_correction or getattr(cfg.rollout, "env", None) is None,
+         "algorithm.guided_error_correction replaces single-turn completions; it does not work with rollout.env"),
+        (not cfg.algorithm.guided_error_correction or not cfg.algorithm.gfpo_sample_size,
+         "algorithm.guided_error_correction cannot be combined with algorithm.gfpo_sample_size"),
         (cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype must be float32 | bfloat16 | float16"),
         (cfg.lora.r >= 1, "lora.r must be >= 1"),
         (cfg.lora.alpha > 0, "lora.alpha must be > 0"),

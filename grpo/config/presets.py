@@ -61,6 +61,42 @@ PRESETS: dict[str, Preset] = {
         "group-mean baseline then batch whitening, KL penalty in the reward (k1), token-level loss",
         {**_GRPO_BASE, "algorithm.advantage_estimator": "reinforce_pp", "algorithm.kl_in": "reward",
          "algorithm.kl_estimator": "k1", "algorithm.beta": 0.01, "algorithm.loss_agg_mode": "token-mean"}),
+    # -- issue 21: TIC-GRPO, GRPO-LEAD, EDGE-GRPO, GTPO / GRPO-S, 2-GRPO (docs/variants.md)
+    "tic_grpo": Preset(
+        "TIC-GRPO (Pang et al., 2025, arXiv 2508.02833)",
+        "one trajectory-level ratio pi_theta(o|q) / pi_old(o|q) instead of per-token ratios (differs from GRPO "
+        "only when num_iterations > 1)",
+        {**_GRPO_BASE, "algorithm.importance_sampling_level": "trajectory"}),
+    "grpo_lead": Preset(
+        "GRPO-LEAD (Zhang & Zuo, 2025, arXiv 2504.09696)",
+        "correct answers rewarded exp(-0.05 z) (z: length standardised among the group's correct ones), wrong "
+        "ones -1, advantages weighted by a logistic of the group's accuracy, no KL",
+        {**_GRPO_BASE, "rollout.num_generations": 8, "algorithm.beta": 0.0, "algorithm.length_reward_alpha": 0.05,
+         "algorithm.wrong_answer_penalty": 1.0, "algorithm.difficulty_weighting": "lead",
+         "algorithm.difficulty_weight_min": 0.4, "algorithm.difficulty_weight_max": 1.5,
+         "algorithm.difficulty_midpoint": 0.75, "algorithm.difficulty_steepness": 10.0}),
+    "edge_grpo": Preset(
+        "EDGE-GRPO (Zhang et al., 2025, arXiv 2507.21848)",
+        "entropy-driven advantage A_i x mean(H) / H_i, guided error correction (a reference solution in groups "
+        "with no correct answer), no KL",
+        {**_GRPO_BASE, "algorithm.beta": 0.0, "algorithm.entropy_advantage": "edge",
+         "algorithm.guided_error_correction": True}),
+    "gtpo": Preset(
+        "GTPO (Tan et al., 2025, arXiv 2508.04349)",
+        "entropy-weighted token rewards (high-entropy tokens of correct completions gain, of wrong ones lose), "
+        "token-level advantages, on DAPO's loss",
+        {**_GRPO_BASE, "algorithm.beta": 0.0, "algorithm.epsilon_high": 0.28, "algorithm.loss_agg_mode": "token-mean",
+         "algorithm.entropy_advantage": "gtpo", "algorithm.entropy_reward_weight": 0.1}),
+    "grpo_s": Preset(
+        "GRPO-S (Tan et al., 2025, arXiv 2508.04349)",
+        "entropy-weighted sequence rewards from each completion's mean token entropy, on DAPO's loss",
+        {**_GRPO_BASE, "algorithm.beta": 0.0, "algorithm.epsilon_high": 0.28, "algorithm.loss_agg_mode": "token-mean",
+         "algorithm.entropy_advantage": "grpo_s", "algorithm.entropy_reward_weight": 0.1}),
+    "g2_dpo": Preset(
+        "It Takes Two: Your GRPO Is Secretly DPO (Wu et al., 2025, arXiv 2510.00977)",
+        "2-GRPO: G = 2 with the k3 KL in the loss and a token-sum aggregation; its gradient is an on-policy DPO "
+        "gradient over the sampled pair (docs/variants.md, 'G = 2 and DPO')",
+        {**_GRPO_BASE, "rollout.num_generations": 2, "algorithm.loss_agg_mode": "seq-mean-token-sum"}),
 }
 
 

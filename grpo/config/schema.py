@@ -155,7 +155,8 @@ class AlgorithmConfig:
     reward_combination: str = _f("sum_then_normalize", "How several reward functions combine (registry in "
                                  "grpo/algorithms/advantages.py): sum_then_normalize | normalize_then_sum (MO-GRPO / GDPO).")
     importance_sampling_level: str = _f("token", "Importance ratio (registry in grpo/algorithms/loss.py): token (GRPO) | "
-                                        "sequence (GSPO: length-normalised sequence ratio).")
+                                        "sequence (GSPO: length-normalised sequence ratio) | trajectory (TIC-GRPO: "
+                                        "pi_theta(o|q) / pi_old(o|q), the whole completion's ratio).")
     clip_ratio_c: float | None = _f(None, "Dual-clip constant c > 1 (verl clip_ratio_c, e.g. 3.0): caps the loss of "
                                     "A < 0 tokens at -c * A; empty = off.")
     entropy_coef: float = _f(0.0, "Entropy bonus: loss -= entropy_coef * H, aggregated like the policy term (0 = off).")
@@ -176,6 +177,32 @@ class AlgorithmConfig:
     overlong_penalty_factor: float = _f(1.0, "Scale of the soft overlong penalty added to the reward.")
     ref_update_steps: int = _f(0, "Refresh the reference policy every this many steps (0 = never).")
     ref_mix_alpha: float = _f(1.0, "Reference refresh: ref <- alpha * policy + (1 - alpha) * ref (1.0 = copy).")
+    # -- GRPO-LEAD, EDGE-GRPO, GTPO / GRPO-S (grpo/algorithms/lead.py, entropy_advantages.py; issue 21)
+    correctness_reward: str = _f("", "The reward function whose value > 0 marks a completion correct, for "
+                                 "length_reward_alpha, wrong_answer_penalty, difficulty_weighting, entropy_advantage and "
+                                 "guided_error_correction (empty = the first reward function).")
+    length_reward_alpha: float = _f(0.0, "GRPO-LEAD length-dependent accuracy: a correct completion's correctness "
+                                    "reward becomes exp(-alpha z), z its length standardised among the group's "
+                                    "correct completions (GRPO-LEAD: 0.05; 0 = off).")
+    wrong_answer_penalty: float = _f(0.0, "GRPO-LEAD explicit penalty: a wrong completion's correctness reward becomes "
+                                     "-this (GRPO-LEAD: 1.0; 0 = leave it as the function returned it).")
+    difficulty_weighting: str = _f("none", "Advantage weights by the group's accuracy rho (registry in "
+                                   "grpo/algorithms/lead.py): none | lead (GRPO-LEAD: A > 0 times w(rho), A <= 0 "
+                                   "times w(1 - rho), w the logistic below).")
+    difficulty_weight_min: float = _f(0.4, "GRPO-LEAD logistic w(rho) = min + (max - min) / (1 + exp(k (rho - rho_0))): min.")
+    difficulty_weight_max: float = _f(1.5, "... its max (the weight of the hardest prompts).")
+    difficulty_midpoint: float = _f(0.75, "... its midpoint rho_0.")
+    difficulty_steepness: float = _f(10.0, "... its steepness k.")
+    entropy_advantage: str = _f("none", "Entropy-shaped advantages (registry in grpo/algorithms/entropy_advantages.py): "
+                                "none | edge (EDGE-GRPO: A_i x mean_batch(H) / H_i) | gtpo (GTPO: entropy-weighted "
+                                "token rewards) | grpo_s (GRPO-S: entropy-weighted sequence rewards). H = the "
+                                "policy's token entropy at sampling time (one extra no-grad pass).")
+    entropy_reward_weight: float = _f(0.1, "GTPO / GRPO-S: the share alpha_2 (beta_2) of the entropy term in the shaped "
+                                      "reward; the outcome keeps 1 - this.")
+    guided_error_correction: bool = _f(False, "EDGE-GRPO guided error correction: in a group with no correct completion, "
+                                       "the last completion is replaced by the row's reference solution "
+                                       "(algorithm.solution_column) and scored again; rows without one are left alone.")
+    solution_column: str = _f("solution", "Dataset column with the reference solution text, for guided_error_correction.")
 
 
 @dataclass(frozen=True)

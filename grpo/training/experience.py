@@ -32,6 +32,7 @@ from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_rewa
                           soft_overlong_penalty, token_step_ids, top_entropy_mask)
 from grpo.types import Experience, Groups, Scored, StepSummary, TrainBatch  # noqa: F401
 from grpo.training.update import micro_batch_tokens
+from grpo.training.variants import advantage_variants, reward_variants
 
 
 def select_groups(groups: Groups, index: torch.Tensor) -> Groups:
@@ -109,6 +110,8 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index:
     scored = score(rewards, cfg.reward.weights, per_prompt, scored_completions,
                    reward_columns(columns, gen), on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s,
                    combine=combine)                                                  # the one reward total
+    gen, completions, scored = reward_variants(model, tokenizer, gen, completions, per_prompt, columns, scored, rewards,
+                                               cfg, k, combine)                      # EDGE-GRPO GEC, GRPO-LEAD
     total = scored.total
     if algo.overlong_cache_fraction > 0:   # DAPO soft overlong punishment, added to the reward
         cache = max(1, round(algo.overlong_cache_fraction * ro.max_new_tokens))
@@ -210,10 +213,13 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     else:
         adv = Advantages(torch.zeros_like(total), 0, total.numel() // G)
     values = adv.values.to(input_ids.device)                   # [N] host-side rewards -> the batch's device
+    values = advantage_variants(model, groups, [n for n, _ in rewards], total, values, input_ids, attention_mask, mask,
+                                cfg, budget, metrics)          # entropy-shaped (EDGE, GTPO, GRPO-S), GRPO-LEAD weights
     if step_rewards:
         steps = score_steps(step_rewards, groups.prompts, chat_completions(groups.prompts, groups.completions),
                             reward_columns(groups.columns, gen), cfg.reward.step_delimiter, cfg.reward.timeout_s)
-        values = values.unsqueeze(1) * mask + process_token_advantages(tokenizer, groups, steps, cfg)  # [N, T]
+        values = ((values.unsqueeze(1) if values.dim() == 1 else values) * mask
+                  + process_token_advantages(tokenizer, groups, steps, cfg))                            # [N, T]
     if algo.overlong_filter:                             # DAPO: truncated completions leave the loss
         mask = mask * overlong_keep(gen.truncated).unsqueeze(1)
         metrics["completion/overlong_filtered"] = float(gen.truncated.sum())

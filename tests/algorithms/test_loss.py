@@ -167,7 +167,7 @@ def test_kl_estimators_match_formulas(name):
 def test_token_log_ratio_and_registry():
     logp, old, _, _, mask = random_inputs()
     assert torch.equal(IMPORTANCE_RATIOS["token"](logp, old, mask), logp - old)
-    assert set(IMPORTANCE_RATIOS) == {"token", "sequence"}
+    assert set(IMPORTANCE_RATIOS) == {"token", "sequence", "trajectory"}
 
 
 def test_sequence_log_ratio_value_is_the_length_normalised_sequence_ratio():
