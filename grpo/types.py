@@ -49,6 +49,7 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None  # [N, T] log pi_ref (None when beta == 0)
     sampling_logprobs: torch.Tensor | None = None   # [N, T] what the rollout sampled with (None: top-k/top-p
                                                     # filtered or greedy, not comparable with the policy's)
+    beta: torch.Tensor | None = None   # [N] per-row KL coefficient (algorithm.beta_by_domain); None = algorithm.beta
 
     @property
     def completion_length(self) -> int:
@@ -59,7 +60,7 @@ class TrainBatch:
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return TrainBatch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx],
                           self.advantages[idx], pick(self.old_logprobs), pick(self.ref_logprobs),
-                          pick(self.sampling_logprobs))
+                          pick(self.sampling_logprobs), pick(self.beta))
 
 
 

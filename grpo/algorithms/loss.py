@@ -22,6 +22,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from grpo.algorithms.stabilisers import unbiased_kl
+
 # ---------------------------------------------------------------- KL estimators (per token)
 
 
@@ -199,12 +201,17 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
               advantages: torch.Tensor, mask: torch.Tensor, *, epsilon: float, epsilon_high: float | None,
               beta: float, kl_estimator: str = "k3", agg_mode: str = "seq-mean-token-mean",
               normalizer: float, importance_sampling_level: str = "token", clip_ratio_c: float | None = None,
-              entropy: torch.Tensor | None = None, entropy_coef: float = 0.0) -> LossTerms:
+              entropy: torch.Tensor | None = None, entropy_coef: float = 0.0, kl_ratio_correction: bool = False,
+              policy_weight: torch.Tensor | None = None) -> LossTerms:
     """GRPO loss of a micro-batch (see module docstring).
 
     ``normalizer`` comes from ``AGGREGATIONS[agg_mode].normalizer(mask_of_whole_step, L)``; the KL
     and entropy terms use the same aggregation and normaliser as the policy term. ``entropy`` must
-    carry autograd when ``entropy_coef > 0``.
+    carry autograd when ``entropy_coef > 0``. ``beta`` is a float or one value per row ([n], the
+    per-domain beta of grpo.algorithms.stabilisers.domain_betas). ``kl_ratio_correction``: the KL
+    estimate times the importance ratio (DeepSeek-V3.2's unbiased KL, grpo.algorithms.stabilisers).
+    ``policy_weight`` ([n, 1] or [n, T], detached): multiplies the per-token policy loss before the
+    aggregation (off-policy sequence mask, TIS / MIS weights), as TRL multiplies ``per_token_loss``.
 
     Shape:
         logp, old_logp, ref_logp, mask, entropy: [n, T]; advantages: [n] or [n, T]  ->  scalar loss
@@ -214,13 +221,18 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     log_ratio = IMPORTANCE_RATIOS[importance_sampling_level](logp, old_logp, mask)   # [n, T]
     sur = policy_surrogate(log_ratio, advantages, epsilon, epsilon if epsilon_high is None else epsilon_high,
                            clip_ratio_c)
-    policy = agg.numerator(sur.loss, mask) / normalizer
+    per_token = sur.loss if policy_weight is None else sur.loss * policy_weight      # [n, T]
+    policy = agg.numerator(per_token, mask) / normalizer
     loss, kl_term, kl_sum, entropy_term = policy, 0.0, 0.0, 0.0
-    if beta > 0:
+    row_beta = torch.as_tensor(beta, dtype=logp.dtype, device=logp.device)          # [] or [n]
+    if bool((row_beta > 0).any()):
         if ref_logp is None:
             raise ValueError("grpo_loss: beta > 0 needs ref_logp")
         kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)         # [n, T]
-        kl_share = beta * agg.numerator(kl, mask) / normalizer
+        if kl_ratio_correction:                                  # DeepSeek-V3.2 eq. 7 (TRL use_bias_correction_kl)
+            kl = unbiased_kl(kl, logp, old_logp, mask, importance_sampling_level)
+        weighted = kl * (row_beta.unsqueeze(1) if row_beta.dim() == 1 else row_beta)  # beta per row or scalar
+        kl_share = agg.numerator(weighted, mask) / normalizer
         loss = loss + kl_share
         kl_term, kl_sum = float(kl_share.detach()), float((kl.detach() * mask).sum())
     if entropy_coef != 0:

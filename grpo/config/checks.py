@@ -47,6 +47,7 @@ def validate(cfg: Config) -> None:
     from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
     from grpo.algorithms.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
     from grpo.algorithms.shaping import GFPO_METRICS
+    from grpo.algorithms.stabilisers import KL_CORRECTION_LOG_RATIOS, OFF_POLICY_MEASURES, ROLLOUT_CORRECTIONS
     from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES
     from grpo.algorithms.lead import DIFFICULTY_WEIGHTINGS
 
@@ -86,6 +87,22 @@ def validate(cfg: Config) -> None:
         (cfg.algorithm.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0"),
         (cfg.algorithm.ref_update_steps >= 0, "algorithm.ref_update_steps must be >= 0"),
         (0 < cfg.algorithm.ref_mix_alpha <= 1, "algorithm.ref_mix_alpha must be in (0, 1]"),
+        (not cfg.algorithm.kl_ratio_correction or cfg.algorithm.importance_sampling_level in KL_CORRECTION_LOG_RATIOS,
+         f"algorithm.kl_ratio_correction supports importance_sampling_level {sorted(KL_CORRECTION_LOG_RATIOS)}"),
+        (cfg.algorithm.off_policy_mask_measure in OFF_POLICY_MEASURES,
+         f"algorithm.off_policy_mask_measure must be one of {sorted(OFF_POLICY_MEASURES)}"),
+        (cfg.algorithm.off_policy_mask_threshold is None or cfg.algorithm.off_policy_mask_measure != "ratio"
+         or cfg.algorithm.off_policy_mask_threshold > 1,
+         "algorithm.off_policy_mask_threshold must be > 1 with off_policy_mask_measure=ratio"),
+        (cfg.algorithm.rollout_correction == "none" or cfg.algorithm.rollout_correction in ROLLOUT_CORRECTIONS,
+         f"algorithm.rollout_correction must be none or one of {sorted(ROLLOUT_CORRECTIONS)}"),
+        (cfg.algorithm.rollout_correction_min is None or cfg.algorithm.rollout_correction_max is None
+         or 0 <= cfg.algorithm.rollout_correction_min < cfg.algorithm.rollout_correction_max,
+         "algorithm.rollout_correction_min must be >= 0 and below algorithm.rollout_correction_max"),
+        (all(b >= 0 for b in cfg.algorithm.beta_by_domain.values()), "algorithm.beta_by_domain values must be >= 0"),
+        (not cfg.algorithm.beta_by_domain or cfg.algorithm.beta > 0,
+         "algorithm.beta_by_domain needs algorithm.beta > 0 (the reference model exists only then; beta is the "
+         "coefficient of rows whose domain is not listed): set algorithm.beta"),
         (cfg.algorithm.length_reward_alpha >= 0, "algorithm.length_reward_alpha must be >= 0"),
         (cfg.algorithm.wrong_answer_penalty >= 0, "algorithm.wrong_answer_penalty must be >= 0 (the reward is -this)"),
         (cfg.algorithm.difficulty_weighting in DIFFICULTY_WEIGHTINGS,

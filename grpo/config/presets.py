@@ -97,6 +97,13 @@ PRESETS: dict[str, Preset] = {
         "2-GRPO: G = 2 with the k3 KL in the loss and a token-sum aggregation; its gradient is an on-policy DPO "
         "gradient over the sampled pair (docs/variants.md, 'G = 2 and DPO')",
         {**_GRPO_BASE, "rollout.num_generations": 2, "algorithm.loss_agg_mode": "seq-mean-token-sum"}),
+    # -- issue 21: DeepSeek-V3.2's stabilisers (grpo/algorithms/stabilisers.py)
+    "dsv32": Preset(
+        "DeepSeek-V3.2 (DeepSeek-AI, 2025, arXiv 2512.02556), section 3.1",
+        "no std division, unbiased KL (k3 x importance ratio), off-policy sequence masking (delta = 0.5: TRL's "
+        "example value, the paper gives none)",
+        {**_GRPO_BASE, "algorithm.scale_rewards": "none", "algorithm.kl_ratio_correction": True,
+         "algorithm.off_policy_mask_threshold": 0.5}),
 }
 
 

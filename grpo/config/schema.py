@@ -177,6 +177,27 @@ class AlgorithmConfig:
     overlong_penalty_factor: float = _f(1.0, "Scale of the soft overlong penalty added to the reward.")
     ref_update_steps: int = _f(0, "Refresh the reference policy every this many steps (0 = never).")
     ref_mix_alpha: float = _f(1.0, "Reference refresh: ref <- alpha * policy + (1 - alpha) * ref (1.0 = copy).")
+    # -- DeepSeek-V3.2's stabilisers and rollout correction (grpo/algorithms/stabilisers.py, issue 21)
+    kl_ratio_correction: bool = _f(False, "Unbiased KL (DeepSeek-V3.2 eq. 7; TRL use_bias_correction_kl): the KL "
+                                   "estimate times the importance ratio pi_theta / pi_old of importance_sampling_level.")
+    off_policy_mask_threshold: float | None = _f(None, "Off-policy sequence masking (DeepSeek-V3.2 eq. 9; TRL "
+                                                 "off_policy_mask_threshold, e.g. 0.5): completions with A < 0 whose "
+                                                 "off_policy_mask_measure to the sampling policy exceeds this leave the "
+                                                 "policy term; empty = off.")
+    off_policy_mask_measure: str = _f("kl", "What off_policy_mask_threshold bounds (registry in "
+                                      "grpo/algorithms/stabilisers.py): kl (mean log pi_sampler - log pi_theta over the "
+                                      "completion) | ratio (its length-normalised ratio s or 1/s, threshold c > 1).")
+    beta_by_domain: dict[str, float] = _f({}, "Per-domain KL coefficient (DeepSeek-V3.2), e.g. {math: 0.04, code: "
+                                          "0.0}: each row's beta is looked up by its data.domain column value "
+                                          "(algorithm.domain_column); other rows use algorithm.beta, which must be > 0.")
+    domain_column: str = _f("domain", "Dataset column naming each row's domain, for beta_by_domain.")
+    rollout_correction: str = _f("none", "Truncated / masked importance sampling of the policy term by pi_old / "
+                                 "pi_sampler, for rollouts computed on another numeric path (bf16 sampler, other "
+                                 "kernels): none | token_truncate | token_mask | sequence_truncate | sequence_mask "
+                                 "(TRL vllm_importance_sampling_mode; TIS truncates, MIS zeroes). Needs the "
+                                 "sampler's log-probs (temperature > 0, no top-k / top-p).")
+    rollout_correction_min: float | None = _f(None, "Lower bound C_min of the rollout_correction weight (empty = none).")
+    rollout_correction_max: float | None = _f(3.0, "Upper bound C_max of the rollout_correction weight (TRL: 3.0).")
     # -- GRPO-LEAD, EDGE-GRPO, GTPO / GRPO-S (grpo/algorithms/lead.py, entropy_advantages.py; issue 21)
     correctness_reward: str = _f("", "The reward function whose value > 0 marks a completion correct, for "
                                  "length_reward_alpha, wrong_answer_penalty, difficulty_weighting, entropy_advantage and "

@@ -22,6 +22,7 @@ from grpo.config import Config
 from grpo.data.prompts import PromptStream, tokenize_prompts
 from grpo.modeling.logprobs import fixed_logprobs
 from grpo.algorithms.loss import KL_ESTIMATORS, logprob_gap
+from grpo.algorithms.stabilisers import domain_betas
 from grpo.rewards import score
 from grpo.rewards.process import score_steps
 from grpo.rewards.text import chat_completions
@@ -203,10 +204,13 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     needs_old = algo.num_iterations > 1 or (algo.kl_in == "reward" and ref is not None)
     old = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget) if needs_old else None
     total = groups.total
+    row_beta = (domain_betas(groups.columns.get(algo.domain_column, [None] * total.numel()), algo.beta_by_domain,
+                             algo.beta, total.device) if algo.beta_by_domain else None)   # [N] per-domain beta
     if algo.kl_in == "reward" and ref is not None:       # PPO / REINFORCE++ style: KL leaves the loss
         kl = KL_ESTIMATORS[algo.kl_estimator](old, ref)                                # [N, T]
-        total = kl_in_reward(total, kl, mask, algo.beta)
-        metrics["kl/reward_penalty_mean"] = float((algo.beta * (kl * mask).sum(dim=1)).mean())
+        total = kl_in_reward(total, kl, mask, algo.beta if row_beta is None else row_beta)   # beta [N] beside rewards
+        beta = algo.beta if row_beta is None else row_beta.to(kl.device).unsqueeze(1)
+        metrics["kl/reward_penalty_mean"] = float((beta * kl * mask).sum(dim=1).mean())
         ref = None                                       # nothing left for the loss
     if cfg.reward.functions:
         adv = ADVANTAGE_ESTIMATORS[algo.advantage_estimator](total, G, algo.advantage_eps, algo.scale_rewards)
@@ -233,6 +237,7 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
         metrics["rollout/logprob_diff"] = logprob_gap(old, sampled, gen.loss_mask)
     if algo.num_iterations == 1:
         old = None                                       # pi_old = pi_theta.detach() in the update
-    batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref, sampled)
+    batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref, sampled,
+                       None if row_beta is None else row_beta.to(input_ids.device))
     scored = Scored(names=[n for n, _ in rewards], per_function=groups.per_function, total=total, errors=groups.errors)
     return Experience(batch, groups, scored, adv, metrics)

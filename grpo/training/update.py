@@ -16,6 +16,7 @@ from grpo.algorithms.schedule import lr_factor
 from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.algorithms.loss import AGGREGATIONS, grpo_loss, logprob_gap
+from grpo.algorithms.stabilisers import off_policy_sequence_mask, rollout_correction_weights
 from grpo.modeling.precision import active_dtype, cast_frozen_linears, cast_trainable_linears, loss_scaler, paused
 from grpo.types import TrainBatch, UpdateStats  # noqa: F401
 
@@ -76,6 +77,23 @@ def auto_micro_batch_tokens(model: torch.nn.Module, budget: int = 2 ** 20) -> in
 def micro_batch_tokens(tokens: int, model: torch.nn.Module) -> int:
     """`train.micro_batch_tokens`, with 0 resolved from the model's size (:func:`auto_micro_batch_tokens`)."""
     return auto_micro_batch_tokens(model) if tokens == 0 else tokens
+
+
+def policy_weight(algo: AlgorithmConfig, logp: torch.Tensor, old: torch.Tensor, mb: TrainBatch) -> torch.Tensor | None:
+    """What multiplies the per-token policy loss (grpo.algorithms.stabilisers), detached; None = 1:
+    DeepSeek-V3.2's off-policy sequence mask (`algorithm.off_policy_mask_threshold`, judged against the
+    sampler's log-probs, else pi_old as TRL) times the TIS / MIS weight pi_old / pi_sampler
+    (`algorithm.rollout_correction`; needs the sampler's log-probs). Shape: [n, T] -> [n, 1] | [n, T]."""
+    weight = None
+    if algo.off_policy_mask_threshold is not None:
+        behaviour = old if mb.sampling_logprobs is None else mb.sampling_logprobs
+        weight = off_policy_sequence_mask(mb.advantages, logp, behaviour, mb.completion_mask,
+                                          algo.off_policy_mask_threshold, algo.off_policy_mask_measure)
+    if algo.rollout_correction != "none" and mb.sampling_logprobs is not None:
+        w = rollout_correction_weights(old, mb.sampling_logprobs, mb.completion_mask, algo.rollout_correction,
+                                       algo.rollout_correction_min, algo.rollout_correction_max)
+        weight = w if weight is None else weight * w
+    return weight
 
 
 class SingleProcess:
@@ -156,10 +174,13 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                                             algo.entropy_coef > 0, logprob_chunk_size)  # [n, T]
                 old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
                 terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
-                                  epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=beta,
+                                  epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
+                                  beta=beta if mb.beta is None or beta == 0 else mb.beta,   # per-domain beta [n]
                                   kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
                                   importance_sampling_level=algo.importance_sampling_level,
-                                  clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef)
+                                  clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef,
+                                  kl_ratio_correction=algo.kl_ratio_correction,
+                                  policy_weight=policy_weight(algo, logp, old, mb))
                 scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average
                 with paused(device):
                     (scaled if scaler is None else scaler.scale(scaled)).backward()
