@@ -33,12 +33,13 @@ class ToolCall:
 
 
 def call_body(text: str) -> str:
-    """The text between the last `<tool_call>` and the closing tag of a turn ending with a call."""
+    """The text between the last `<tool_call>` and the closing tag of a turn ending with a call (without an
+    opening tag: the whole turn before the closing tag, as when a template opens the block itself)."""
     end = text.rstrip().rfind(CLOSE)
-    start = text.rfind(OPEN, 0, end)
-    if end < 0 or start < 0:
+    if end < 0:
         raise ToolCallError(f"a tool call must be written {OPEN}...{CLOSE}")
-    return text[start + len(OPEN):end].strip()
+    start = text.rfind(OPEN, 0, end)
+    return text[start + len(OPEN) if start >= 0 else 0:end].strip()
 
 
 def ends_with_call(text: str) -> bool:
