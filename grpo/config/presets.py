@@ -104,6 +104,11 @@ PRESETS: dict[str, Preset] = {
         "example value, the paper gives none)",
         {**_GRPO_BASE, "algorithm.scale_rewards": "none", "algorithm.kl_ratio_correction": True,
          "algorithm.off_policy_mask_threshold": 0.5}),
+    "lambda_grpo": Preset(
+        "lambda-GRPO (Wang et al., 2025, arXiv 2510.06870)",
+        "token-level loss whose per-completion weights G softmax(h^lambda) (h from the standardised length) are "
+        "learnt with the policy through lambda (lambda = 0: DAPO's token mean)",
+        {**_GRPO_BASE, "algorithm.loss_agg_mode": "token-mean", "algorithm.token_preference": "lambda"}),
 }
 
 

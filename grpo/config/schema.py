@@ -198,6 +198,13 @@ class AlgorithmConfig:
                                  "sampler's log-probs (temperature > 0, no top-k / top-p).")
     rollout_correction_min: float | None = _f(None, "Lower bound C_min of the rollout_correction weight (empty = none).")
     rollout_correction_max: float | None = _f(3.0, "Upper bound C_max of the rollout_correction weight (TRL: 3.0).")
+    # -- lambda-GRPO (grpo/algorithms/token_preference.py, issue 21)
+    token_preference: str = _f("none", "Learnable token preference: none | lambda (lambda-GRPO: completion i of a group "
+                               "weighs f_i = G softmax(h_i^lambda), h_i = 1 + lambda_r z_i, z_i its standardised length; "
+                               "use with loss_agg_mode token-mean). Single process only.")
+    lambda_init: float = _f(0.0, "lambda-GRPO: initial lambda (0 = DAPO's token mean).")
+    lambda_r: float = _f(0.5, "lambda-GRPO: the lift r in h = 1 + r z (h is kept >= 1e-3).")
+    lambda_lr: float = _f(1e-2, "lambda-GRPO: AdamW learning rate of lambda (its own optimizer group, no weight decay).")
     # -- GRPO-LEAD, EDGE-GRPO, GTPO / GRPO-S (grpo/algorithms/lead.py, entropy_advantages.py; issue 21)
     correctness_reward: str = _f("", "The reward function whose value > 0 marks a completion correct, for "
                                  "length_reward_alpha, wrong_answer_penalty, difficulty_weighting, entropy_advantage and "

@@ -83,8 +83,9 @@ def apply_optimizer_settings(optimizer, scheduler, cfg: Config, saved: dict[str,
     old_mu = flat_config(saved).get("algorithm.num_iterations") or mu
     if old_mu != mu:
         scheduler.last_epoch = scheduler.last_epoch * mu // old_mu
-    scheduler.base_lrs = [oc.lr for _ in optimizer.param_groups]
-    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
-        group.update(initial_lr=oc.lr, lr=oc.lr * factor(scheduler.last_epoch), weight_decay=oc.weight_decay,
+    scheduler.base_lrs = [group.get("grpo_lr", oc.lr) for group in optimizer.param_groups]   # loss modules: own lr
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group.update(initial_lr=base, lr=base * factor(scheduler.last_epoch),
+                     weight_decay=oc.weight_decay if "grpo_lr" not in group else 0.0,
                      betas=(oc.adam_beta1, oc.adam_beta2))
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]   # what get_last_lr() reports

@@ -37,6 +37,7 @@ from grpo.state.output_dir import OutputDirLock, prepare_output_dir
 from grpo.training.evaluate import eval_metrics, eval_rows
 from grpo.training.guards import BadSteps, deterministic_mode
 from grpo.training.reward_model_updates import build_extras
+from grpo.training.loss_modules import build_learnable_losses, token_preference_of
 from grpo.state.metrics import step_metrics
 from grpo.modeling.precision import autocast, autocast_dtype
 from grpo.modeling.reference import build_reference
@@ -102,7 +103,7 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
                           norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
                           logprob_chunk_size=cfg.train.logprob_chunk_size,
                           gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=hooks,
-                          micro_batch_tokens=budget)
+                          micro_batch_tokens=budget, preference=token_preference_of(state.extras))   # lambda-GRPO
     emit("update", step)
     return stats
 
@@ -121,9 +122,11 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
     fixed_ref = not cfg.algorithm.ref_update_steps              # a refreshed reference keeps float32 masters
     reference = build_reference(model, cfg.algorithm.beta,      # None when beta = 0
                                 autocast_dtype(tc.precision) if fixed_ref else None)
-    optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations)
+    learnable = build_learnable_losses(cfg, model)              # lambda-GRPO's lambda: trained with the policy
+    optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations,
+                                           [x.param_group() for x in learnable])
     state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
-                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle))
+                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle), extras=list(learnable))
     return state, prompt_set
 
 
@@ -147,7 +150,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
     with deterministic_mode(tc.deterministic):
         seed_everything(tc.seed)
         state, prompt_set = initial_state(job)
-        state.extras = build_extras(cfg, job.rewards, world.world_size)   # reward.reward_model_update
+        state.extras += build_extras(cfg, job.rewards, world.world_size)  # reward.reward_model_update
         model, tokenizer = state.model, state.tokenizer
         held_out = eval_rows(cfg, tokenizer, job.eval_records) if tc.eval_steps else None   # checked before any write
         run_cfg = world.shard(state, cfg)                      # torchrun: this rank's share of the prompts

@@ -21,16 +21,19 @@ from grpo.modeling.precision import active_dtype, cast_frozen_linears, cast_trai
 from grpo.types import TrainBatch, UpdateStats  # noqa: F401
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int, extra_groups: list | tuple = ()):
     """AdamW over trainable parameters, with linear warm-up then constant / linear / cosine decay.
 
-    The fused AdamW kernel is used when every parameter is a plain floating tensor on CPU or CUDA
-    (5x faster than the per-tensor loop on CPU and without its temporaries; DTensor shards of
-    FSDP2 take the default implementation)."""
+    `extra_groups`: more parameter groups (learnable loss modules, grpo.training.loss_modules), each with
+    its own lr; the schedule's factor applies to every group. The fused AdamW kernel is used when every
+    parameter is a plain floating tensor on CPU or CUDA (5x faster than the per-tensor loop on CPU and
+    without its temporaries; DTensor shards of FSDP2 take the default implementation)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    every = params + [p for g in extra_groups for p in g["params"]]
     fused = bool(params) and all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda")
-                                 and p.is_floating_point() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                 and p.is_floating_point() for p in every)
+    optimizer = torch.optim.AdamW([{"params": params}, *extra_groups], lr=cfg.lr,
+                                  betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay, fused=fused or None)
 
     factor = functools.partial(lr_factor, warmup_steps=cfg.warmup_steps, total_steps=total_steps,
@@ -79,12 +82,15 @@ def micro_batch_tokens(tokens: int, model: torch.nn.Module) -> int:
     return auto_micro_batch_tokens(model) if tokens == 0 else tokens
 
 
-def policy_weight(algo: AlgorithmConfig, logp: torch.Tensor, old: torch.Tensor, mb: TrainBatch) -> torch.Tensor | None:
+def policy_weight(algo: AlgorithmConfig, logp: torch.Tensor, old: torch.Tensor, mb: TrainBatch, preference=None,
+                  pref_rows=None) -> torch.Tensor | None:
     """What multiplies the per-token policy loss (grpo.algorithms.stabilisers), detached; None = 1:
     DeepSeek-V3.2's off-policy sequence mask (`algorithm.off_policy_mask_threshold`, judged against the
     sampler's log-probs, else pi_old as TRL) times the TIS / MIS weight pi_old / pi_sampler
-    (`algorithm.rollout_correction`; needs the sampler's log-probs). Shape: [n, T] -> [n, 1] | [n, T]."""
-    weight = None
+    (`algorithm.rollout_correction`; needs the sampler's log-probs), times lambda-GRPO's f_i (with its
+    gradient to lambda; `pref_rows`: the micro-batch's rows of `preference.step_inputs`).
+    Shape: [n, T] -> [n, 1] | [n, T]."""
+    weight = None if preference is None else preference.weights(*pref_rows)          # [n, 1]
     if algo.off_policy_mask_threshold is not None:
         behaviour = old if mb.sampling_logprobs is None else mb.sampling_logprobs
         weight = off_policy_sequence_mask(mb.advantages, logp, behaviour, mb.completion_mask,
@@ -129,7 +135,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                   algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
                   max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
                   gradient_checkpointing: bool | None = None, parallel=None,
-                  micro_batch_tokens: int = 0, scaler: torch.amp.GradScaler | None = None) -> UpdateStats:
+                  micro_batch_tokens: int = 0, scaler: torch.amp.GradScaler | None = None,
+                  preference=None) -> UpdateStats:
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
@@ -148,6 +155,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     it, each backward outside it. Under float16 autocast the loss is scaled by `scaler` (None = the one
     kept with the optimizer, :func:`grpo.modeling.precision.loss_scaler`) and the gradients unscaled before
     clipping; a step whose gradients overflow is skipped like any non-finite step and halves the scale.
+    `preference` (grpo.algorithms.token_preference.TokenPreference, lambda-GRPO): its per-completion weights f_i
+    multiply the policy term (with `token-mean`: the weighted token mean), and lambda gets its gradient.
     """
     par = parallel or SingleProcess(model)
     device = next(model.parameters()).device
@@ -163,6 +172,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
     normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
     optimizer.zero_grad(set_to_none=True)
+    prefs = preference.step_inputs(batch.completion_mask) if preference is not None else None   # h [N, G], pos [N]
     loss = policy = kl_loss = kl_sum = clipped = high = dual = tokens = ent_sum = ent_loss = gap_sum = gap_tokens = 0.0
     buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
                                                              micro_batch_tokens))   # FSDP2: same count on every rank
@@ -180,7 +190,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                                   importance_sampling_level=algo.importance_sampling_level,
                                   clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef,
                                   kl_ratio_correction=algo.kl_ratio_correction,
-                                  policy_weight=policy_weight(algo, logp, old, mb))
+                                  policy_weight=policy_weight(algo, logp, old, mb, preference,
+                                                              None if prefs is None else (prefs[0][rows], prefs[1][rows])))
                 scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average
                 with paused(device):
                     (scaled if scaler is None else scaler.scale(scaled)).backward()
