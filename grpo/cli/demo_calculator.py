@@ -22,7 +22,7 @@ CALCULATOR_CONFIG: dict[str, dict[str, Any]] = {
     "rollout": {"num_generations": 8, "max_new_tokens": 48, "temperature": 1.0, "env": "calculator",
                 "tool_parser": "call", "max_turns": 2},
     "algorithm": {"beta": 0.04, "epsilon": 0.2},
-    "optim": {"lr": 3e-5, "warmup_steps": 5, "max_grad_norm": 1.0},
+    "optim": {"lr": 1e-4, "warmup_steps": 5, "max_grad_norm": 1.0},
     "train": {"prompts_per_step": 16, "max_steps": 100, "num_threads": 1},
 }
 
@@ -44,36 +44,17 @@ def _table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def plot_agent_curves(metrics_path: Path, out_png: Path, window: int = 10) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from grpo.health.figures import points, smooth
-
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    panels = (("reward/exact_match/mean", "accuracy (training episodes)"), ("tools/use_rate", "episodes calling the tool"),
-              ("completion/length_mean", "episode length (tokens)"), ("kl/mean", "KL to reference"))
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (key, title) in zip(axes.flat, panels):
-        steps, vals = points(records, key)
-        if steps:
-            ax.plot(steps, vals, alpha=0.3, color="tab:blue")
-            ax.plot(steps, smooth(vals, window), color="tab:blue")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
-    return out_png
+#: The calculator demo's curves (grpo.cli.plots.plot_curves panels).
+AGENT_PANELS = (("reward/exact_match/mean", "accuracy (training episodes)"),
+                ("tools/use_rate", "episodes calling the tool"),
+                ("completion/length_mean", "episode length (tokens)"), ("kl/mean", "KL to reference"))
 
 
 def run_calculator_demo(out_dir: str | Path = "runs/demo-calculator", *, steps: int | None = None,
                         eval_problems: int = 256, seed: int = 0, overrides: dict[str, Any] | None = None) -> dict:
     """Before/after evaluation (with and without the tool) around a multi-turn GRPO run; returns the summary."""
     from grpo.api.trainer import Trainer
+    from grpo.cli.plots import plot_curves
     from grpo.data.tasks import calculator
     from grpo.envs import load_env
     from grpo.health.report import write_report
@@ -111,7 +92,7 @@ def run_calculator_demo(out_dir: str | Path = "runs/demo-calculator", *, steps: 
     rows = {"cold start, calculator": before, "cold start, no tool": before_no_tools,
             "after GRPO, calculator": after, "after GRPO, no tool": after_no_tools}
     print(_table(rows))
-    plot_agent_curves(out / "metrics.jsonl", out / "curves.png")
+    plot_curves(out / "metrics.jsonl", out / "curves.png", panels=AGENT_PANELS)
     summary = {"before": before, "before_no_tools": before_no_tools, "after": after, "after_no_tools": after_no_tools,
                "steps": cfg.train.max_steps, "wall_s": round(time.perf_counter() - start, 1),
                "train_wall_s": round(result.wall_s, 1), "eval_problems": len(held_out),

@@ -19,8 +19,9 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_curves(metrics_path: str | Path, out_png: str | Path, window: int = 10) -> Path:
-    """Write a 2x2 figure of the headline metrics; steps without a value are skipped."""
+def plot_curves(metrics_path: str | Path, out_png: str | Path, window: int = 10,
+                panels: tuple[tuple[str, str], ...] = PANELS) -> Path:
+    """Write a 2x2 figure of the headline metrics (`panels`: (key, title) each); steps without a value are skipped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,7 +29,7 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, window: int = 10)
 
     records = read_metrics(metrics_path)
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (key, title) in zip(axes.flat, PANELS):
+    for ax, (key, title) in zip(axes.flat, panels):
         pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         if pts:
             steps, vals = zip(*pts)

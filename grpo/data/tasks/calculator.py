@@ -14,8 +14,9 @@ membership is decided by SHA-256 of the problem (10% held out), as in the other 
 
 from __future__ import annotations
 
-import hashlib
 import random
+
+from grpo.data.tasks.common import generate_rows, hashed_split
 
 SPLITS = ("train", "test")
 TEST_PERCENT = 10
@@ -32,23 +33,16 @@ def solve(problem: str) -> int:
 
 
 def split_of(problem: str) -> str:
-    bucket = int.from_bytes(hashlib.sha256(problem.encode("utf-8")).digest()[:8], "big") % 100
-    return "test" if bucket < TEST_PERCENT else "train"
+    return hashed_split(problem, TEST_PERCENT)
+
+
+def draw_problem(rng: random.Random) -> str:
+    return f"{rng.randint(100, 999)}*{rng.randint(11, 99)}+{rng.randint(100, 999)}"
 
 
 def generate(split: str, n: int, seed: int = 0, unique: bool = True) -> list[dict]:
     """``n`` rows ``{"prompt", "answer"}`` of `split`, a deterministic function of (split, n, seed)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    rng = random.Random(f"calculator:{split}:{seed}")
-    rows, seen = [], set()
-    while len(rows) < n:
-        problem = f"{rng.randint(100, 999)}*{rng.randint(11, 99)}+{rng.randint(100, 999)}"
-        if split_of(problem) != split or (unique and problem in seen):
-            continue
-        seen.add(problem)
-        rows.append({"prompt": f"{problem}=", "answer": str(solve(problem))})
-    return rows
+    return generate_rows("calculator", split, n, seed, draw_problem, solve, unique)
 
 
 def tool_completion(problem: str) -> str:
