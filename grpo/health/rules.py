@@ -207,7 +207,8 @@ def length_inflation(h: History, cfg: Config) -> Finding | None:
            if growing else f"length/reward correlation {corr:.2f} over the last 25 steps: the reward pays for length")
     return _finding("length_inflation", severity, why, "use algorithm.loss_agg_mode token-mean (dapo) or "
                     "seq-mean-token-sum-norm (dr_grpo), GFPO (algorithm.gfpo_sample_size), or a length penalty "
-                    "in reward.functions (cosine_length, soft_overlong)",
+                    "in reward.functions (cosine_length, soft_overlong); if longer answers are truly better "
+                    "(worked solutions, tool calls), raise health.length_reward_corr",
                     ("algorithm.loss_agg_mode", "algorithm.gfpo_sample_size", "reward.functions"),
                     now / base if growing else corr)
 
