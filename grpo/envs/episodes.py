@@ -48,3 +48,15 @@ def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torc
                           top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                           seed=cfg.train.seed, prompt_index=torch.tensor(index, dtype=torch.long, device=device))
     return Episodes(gen, driver.messages, {"turn_rewards": driver.turn_rewards}, driver.metrics())
+
+
+def turn_ids(action_mask: torch.Tensor) -> torch.Tensor:
+    """The turn of each model token (0, 1, ...: a turn ends where an observation begins); -1 on observation
+    tokens and padding. Turn rewards (env ``info["reward"]``) are step rewards over these steps
+    (grpo.algorithms.shaping.process_advantages, DeepSeekMath's process supervision).
+    Shape: [N, T] long -> [N, T] long, on the host."""
+    act = action_mask.detach().cpu().long()                                   # [N, T]
+    starts = torch.zeros_like(act)
+    starts[:, 1:] = ((act[:, 1:] == 1) & (act[:, :-1] == 0)).long()           # a model token after an observation
+    turn = starts.cumsum(dim=1)                                               # [N, T]
+    return torch.where(act == 1, turn, torch.full_like(turn, -1))

@@ -26,7 +26,7 @@ from grpo.algorithms.stabilisers import domain_betas
 from grpo.rewards import score
 from grpo.rewards.process import score_steps
 from grpo.rewards.text import chat_completions
-from grpo.envs.episodes import play_episodes
+from grpo.envs.episodes import play_episodes, turn_ids
 from grpo.rollout import Generation, sample
 from grpo.rollout.batching import concat_generations, select_rows
 from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
@@ -224,6 +224,10 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
                             reward_columns(groups.columns, gen), cfg.reward.step_delimiter, cfg.reward.timeout_s)
         values = ((values.unsqueeze(1) if values.dim() == 1 else values) * mask
                   + process_token_advantages(tokenizer, groups, steps, cfg))                            # [N, T]
+    turn_rewards = groups.columns.get("turn_rewards")
+    if gen.action_mask is not None and turn_rewards and any(turn_rewards):   # env info["reward"]: a step per turn
+        values = ((values.unsqueeze(1) if values.dim() == 1 else values) * mask
+                  + process_advantages(turn_rewards, turn_ids(gen.action_mask), G, algo.advantage_eps).to(mask.device))
     if algo.overlong_filter:                             # DAPO: truncated completions leave the loss
         mask = mask * overlong_keep(gen.truncated).unsqueeze(1)
         metrics["completion/overlong_filtered"] = float(gen.truncated.sum())

@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from grpo.api.trainer import Trainer
 from grpo.envs import ToolEnv
@@ -92,3 +93,38 @@ def test_a_run_with_the_calculator_environment_logs_its_episodes(tool_model, tmp
     rec = result.metrics
     assert {"tools/calls_per_episode", "tools/use_rate", "tools/errors", "tools/timeouts", "env/turns_mean"} <= set(rec)
     assert rec["env/turns_mean"] >= 1.0
+
+
+def test_turn_ids_by_hand():
+    from grpo.envs.episodes import turn_ids
+
+    action = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 1, 0, 0], [1, 0, 1, 0, 1, 1, 1, 1, 1, 1]])
+    assert turn_ids(action).tolist() == [[0, 0, -1, -1, 1, 1, -1, 2, -1, -1], [0, -1, 1, -1, 2, 2, 2, 2, 2, 2]]
+
+
+class PayingEnv(ToolEnv):
+    """Pays 1.0 for every tool call (a per-turn reward in info)."""
+
+    def step(self, action):
+        if isinstance(action, str):
+            return "", True, {}
+        return "ok", False, {"reward": 1.0}
+
+
+def turn_sum(completions, turn_rewards, **kwargs):
+    """TRL-style: the per-turn rewards of each episode arrive as a column."""
+    return [float(sum(t)) for t in turn_rewards]
+
+
+def test_turn_rewards_reach_rewards_and_the_process_advantages(tool_model, tmp_path):
+    parser_file = tmp_path / "parser.py"
+    parser_file.write_text("def parse(body):\n    return 'anything', {}\n")
+    rows = [{"prompt": f"{a}*{b}+1=", "answer": str(a * b + 1)} for a, b in [(12, 3), (45, 6)]]
+    flat = {"rollout.num_generations": 4, "rollout.max_new_tokens": 40, "rollout.tool_parser": f"{parser_file}:parse",
+            "train.prompts_per_step": 2, "train.max_steps": 2, "train.num_threads": 1, "log.progress_bar": False,
+            "train.output_dir": str(tmp_path / "run"), "train.save_final": False, "optim.lr": 1e-3}
+    result = Trainer(str(tool_model), reward_funcs=[turn_sum], train_dataset=rows, config=flat, env=PayingEnv).train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    calls = [r["tools/calls_per_episode"] for r in records]
+    assert result.steps == 2 and sum(calls) > 0
+    assert [r["reward/turn_sum/mean"] for r in records] == pytest.approx(calls)   # one 1.0 per answered call
