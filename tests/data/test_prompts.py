@@ -272,3 +272,17 @@ def test_data_config_keys_are_coerced_and_validated():
         build_config(overrides={"data.column_map": {"a": "prompt", "b": "prompt"}})
     with pytest.raises(ConfigError, match="data.prompt_column and data.column_map both choose the prompt column"):
         build_config(overrides={"data.column_map": {"a": "prompt"}, "data.prompt_column": "b"})
+
+
+def test_tools_are_rendered_through_the_chat_template(tmp_path):
+    """A multi-turn environment's tools reach the template as JSON schemas (built from docstrings and hints)."""
+    from grpo.envs import calc
+
+    tok = build_tokenizer()
+    tok.chat_template = ("{% if tools %}tools: {% for t in tools %}{{ t['function']['name'] }}("
+                         "{{ t['function']['parameters']['properties'] | list | join(',') }}){% endfor %}\n{% endif %}"
+                         + TEMPLATE)
+    ps = load_prompts(DataConfig(dataset=str(write(tmp_path, "jsonl", CHAT[:1]))), tokenizer=tok, tools=[calc])
+    assert ids_text(tok, ps.rows[0]) == "tools: calc(expression)user: 1+2=\nassistant:"   # trim_blocks eats the \\n
+    plain = load_prompts(DataConfig(dataset=str(write(tmp_path, "jsonl", CHAT[:1], name="b"))), tokenizer=tok)
+    assert ids_text(tok, plain.rows[0]) == "user: 1+2=\nassistant:"
