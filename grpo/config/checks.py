@@ -101,6 +101,10 @@ def validate(cfg: Config) -> None:
          "algorithm.rollout_correction_min must be >= 0 and below algorithm.rollout_correction_max"),
         (all(b >= 0 for b in cfg.algorithm.beta_by_domain.values()), "algorithm.beta_by_domain values must be >= 0"),
         (cfg.algorithm.token_preference in ("none", "lambda"), "algorithm.token_preference must be none | lambda"),
+        (cfg.algorithm.critic in ("none", "value_head"), "algorithm.critic must be none | value_head"),
+        (0 <= cfg.algorithm.hybrid_alpha <= 1, "algorithm.hybrid_alpha must be in [0, 1]"),
+        (cfg.algorithm.value_lr > 0 and cfg.algorithm.value_steps >= 1,
+         "algorithm.value_lr must be > 0 and algorithm.value_steps >= 1"),
         (cfg.algorithm.lambda_lr > 0 and cfg.algorithm.lambda_r >= 0, "algorithm.lambda_lr must be > 0, lambda_r >= 0"),
         (not cfg.algorithm.beta_by_domain or cfg.algorithm.beta > 0,
          "algorithm.beta_by_domain needs algorithm.beta > 0 (the reference model exists only then; beta is the "

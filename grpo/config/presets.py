@@ -109,6 +109,10 @@ PRESETS: dict[str, Preset] = {
         "token-level loss whose per-completion weights G softmax(h^lambda) (h from the standardised length) are "
         "learnt with the policy through lambda (lambda = 0: DAPO's token mean)",
         {**_GRPO_BASE, "algorithm.loss_agg_mode": "token-mean", "algorithm.token_preference": "lambda"}),
+    "hybrid_grpo": Preset(
+        "Hybrid GRPO (Sane, 2025, arXiv 2502.01652)",
+        "a value head on the policy next to the group baseline: A_i = (r_i - (0.5 mean_g r + 0.5 V(q))) / std",
+        {**_GRPO_BASE, "algorithm.critic": "value_head", "algorithm.hybrid_alpha": 0.5}),
 }
 
 

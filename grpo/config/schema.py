@@ -205,6 +205,15 @@ class AlgorithmConfig:
     lambda_init: float = _f(0.0, "lambda-GRPO: initial lambda (0 = DAPO's token mean).")
     lambda_r: float = _f(0.5, "lambda-GRPO: the lift r in h = 1 + r z (h is kept >= 1e-3).")
     lambda_lr: float = _f(1e-2, "lambda-GRPO: AdamW learning rate of lambda (its own optimizer group, no weight decay).")
+    # -- Hybrid GRPO (grpo/algorithms/hybrid.py, grpo/training/critic.py, issue 21)
+    critic: str = _f("none", "Hybrid GRPO's critic: none | value_head (a linear value head on the policy's detached last "
+                     "hidden state of the prompt, trained by 1/2 (V(q) - r)^2). Its advantage replaces "
+                     "advantage_estimator: A_i = (r_i - b_q) / std, b_q = hybrid_alpha mean_g(r) + (1 - hybrid_alpha) V(q). "
+                     "Single process only.")
+    hybrid_alpha: float = _f(0.5, "Hybrid GRPO: weight of the group's mean reward in the baseline (1 = GRPO, 0 = "
+                             "the critic alone).")
+    value_lr: float = _f(1e-3, "Hybrid GRPO: AdamW learning rate of the value head (its own optimizer).")
+    value_steps: int = _f(1, "Hybrid GRPO: value-head optimizer steps on each step's prompts and rewards.")
     # -- GRPO-LEAD, EDGE-GRPO, GTPO / GRPO-S (grpo/algorithms/lead.py, entropy_advantages.py; issue 21)
     correctness_reward: str = _f("", "The reward function whose value > 0 marks a completion correct, for "
                                  "length_reward_alpha, wrong_answer_penalty, difficulty_weighting, entropy_advantage and "

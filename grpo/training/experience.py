@@ -187,10 +187,11 @@ def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg:
 
 
 def make_experience(model, tokenizer, stream: PromptStream, rewards, step_rewards, reference, cfg: Config,
-                    device, max_tokens: int | None = None, env=None) -> Experience:
+                    device, max_tokens: int | None = None, env=None, critic=None) -> Experience:
     """Everything one GRPO step trains on (see the module docstring for the order of stages).
     `max_tokens`: the token budget of the reference / old-policy passes (the runtime's
-    micro_batch_tokens; None = train.micro_batch_tokens resolved for the CPU)."""
+    micro_batch_tokens; None = train.micro_batch_tokens resolved for the CPU). `critic`
+    (grpo.training.critic.PromptCritic, Hybrid GRPO): its estimator replaces algorithm.advantage_estimator."""
     algo, ro, mb = cfg.algorithm, cfg.rollout, cfg.train.micro_batch_size
     G = ro.num_generations
     groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, device, env)
@@ -213,7 +214,9 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
         metrics["kl/reward_penalty_mean"] = float((beta * kl * mask).sum(dim=1).mean())
         ref = None                                       # nothing left for the loss
     if cfg.reward.functions:
-        adv = ADVANTAGE_ESTIMATORS[algo.advantage_estimator](total, G, algo.advantage_eps, algo.scale_rewards)
+        estimate = (ADVANTAGE_ESTIMATORS[algo.advantage_estimator] if critic is None     # Hybrid GRPO: V(q) mixed in
+                    else critic.estimator(model, gen.prompt_ids, gen.prompt_mask))
+        adv = estimate(total, G, algo.advantage_eps, algo.scale_rewards)
     else:
         adv = Advantages(torch.zeros_like(total), 0, total.numel() // G)
     values = adv.values.to(input_ids.device)                   # [N] host-side rewards -> the batch's device

@@ -38,6 +38,7 @@ from grpo.training.evaluate import eval_metrics, eval_rows
 from grpo.training.guards import BadSteps, deterministic_mode
 from grpo.training.reward_model_updates import build_extras
 from grpo.training.loss_modules import build_learnable_losses, token_preference_of
+from grpo.training.critic import build_critics, critic_of
 from grpo.state.metrics import step_metrics
 from grpo.modeling.precision import autocast, autocast_dtype
 from grpo.modeling.reference import build_reference
@@ -126,7 +127,8 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations,
                                            [x.param_group() for x in learnable])
     state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
-                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle), extras=list(learnable))
+                       PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle),
+                       extras=[*learnable, *build_critics(cfg, model)])   # Hybrid GRPO's value head
     return state, prompt_set
 
 
@@ -172,7 +174,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 t0 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # train.precision: forward passes only
                     exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
-                                          state.reference, run_cfg, runtime.device, max_tokens=budget, env=job.env)
+                                          state.reference, run_cfg, runtime.device, max_tokens=budget, env=job.env,
+                                          critic=critic_of(state.extras))
                 emit("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
