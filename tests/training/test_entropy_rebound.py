@@ -5,8 +5,8 @@ with entropy-driven advantages, where plain GRPO's keeps falling.
 Measured on this task (the demo's settings, seed 0, 100 steps; docs/variants.md, "Entropy rebound"):
 there is no dip and no rebound for either. The mean token entropy rises from 0.12 to 0.16 over the first
 4 steps, then falls steadily: over the last 10 steps 0.048 for GRPO, 0.058 for EDGE-GRPO (0.053 for GTPO
-and GRPO-S), the curves within 0.01 of each other all along. The test states the claim and is expected to fail here (strict: it reports when the
-behaviour appears).
+and GRPO-S), the curves within 0.01 of each other all along. The test states the claim and is expected to
+fail here on its assertion (strict: it reports when the behaviour appears).
 """
 
 import json
@@ -39,7 +39,8 @@ def rebound(curve: list[float], window: int = 5) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="measured: no entropy dip-and-rebound on the demo task (module docstring)")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="measured: no entropy dip-and-rebound on the demo task (module docstring)")
 def test_entropy_rebounds_with_entropy_driven_advantages_and_not_with_grpo(tmp_path):
     grpo = entropy_curve(tmp_path, "grpo", {})
     edge = entropy_curve(tmp_path, "edge", {"algorithm.entropy_advantage": "edge"})
