@@ -111,15 +111,15 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index:
     scored = score(rewards, cfg.reward.weights, per_prompt, scored_completions,
                    reward_columns(columns, gen), on_error=cfg.reward.reward_errors, timeout_s=cfg.reward.timeout_s,
                    combine=combine)                                                  # the one reward total
-    gen, completions, scored = reward_variants(model, tokenizer, gen, completions, per_prompt, columns, scored, rewards,
-                                               cfg, k, combine)                      # EDGE-GRPO GEC, GRPO-LEAD
+    gen, completions, scored, shaped = reward_variants(model, tokenizer, gen, completions, per_prompt, columns, scored,
+                                                       rewards, cfg, k, combine)     # EDGE-GRPO GEC, GRPO-LEAD
     total = scored.total
     if algo.overlong_cache_fraction > 0:   # DAPO soft overlong punishment, added to the reward
         cache = max(1, round(algo.overlong_cache_fraction * ro.max_new_tokens))
         lengths = lengths_of(gen).to(total.device)                                       # [k*B] beside the rewards
         total = total + soft_overlong_penalty(lengths, ro.max_new_tokens, cache, algo.overlong_penalty_factor)
     groups = Groups(gen, per_prompt, columns, completions, scored.per_function, total, sample_s, scored.errors,
-                    episodes.metrics if episodes is not None else {})
+                    {**(episodes.metrics if episodes is not None else {}), **shaped})
     if algo.gfpo_sample_size:              # GFPO: keep G of the k samples of each prompt
         lengths = lengths_of(gen).to(total.device)
         groups = select_groups(groups, gfpo_select(total, lengths, k, ro.num_generations, algo.gfpo_metric))

@@ -112,11 +112,12 @@ def guided_error_correction(model, tokenizer, gen: Generation, completions: list
 def reward_variants(model, tokenizer, gen: Generation, completions: list[str], prompts: list, columns: dict,
                     scored: Scored, rewards, cfg: Config, group_size: int, combine):
     """Guided error correction, then GRPO-LEAD's correctness reward; the total recombined.
-    Returns (gen, completions, scored)."""
-    algo = cfg.algorithm
+    Returns (gen, completions, scored, metrics); metrics: ``advantages/gec_injected`` (completions replaced)."""
+    algo, metrics = cfg.algorithm, {}
     if algo.guided_error_correction:
-        gen, completions, scored, _ = guided_error_correction(model, tokenizer, gen, completions, prompts, columns,
-                                                              scored, rewards, cfg, group_size, combine)
+        gen, completions, scored, injected = guided_error_correction(model, tokenizer, gen, completions, prompts,
+                                                                     columns, scored, rewards, cfg, group_size, combine)
+        metrics["advantages/gec_injected"] = float(injected)
     if (algo.length_reward_alpha > 0 or algo.wrong_answer_penalty > 0) and scored.per_function.shape[1]:
         col = correctness_column(scored.names, cfg)
         per_function = scored.per_function.clone()
@@ -124,7 +125,7 @@ def reward_variants(model, tokenizer, gen: Generation, completions: list[str], p
         per_function[:, col] = lead_correctness_reward(per_function[:, col], lengths, group_size,
                                                        algo.length_reward_alpha, algo.wrong_answer_penalty)
         scored = Scored(scored.names, per_function, _combine(per_function, cfg, combine), scored.errors)
-    return gen, completions, scored
+    return gen, completions, scored, metrics
 
 
 def advantage_variants(model, groups: Groups, names: list[str], total: torch.Tensor, values: torch.Tensor,

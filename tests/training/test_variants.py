@@ -46,6 +46,7 @@ def test_guided_error_correction_injects_the_solution_into_all_wrong_groups():
     assert after.completions[2] == "<answer>2</answer>" and after.completions[5] == "4"
     assert after.completions[:2] == before.completions[:2] and after.completions[6:] == before.completions[6:]
     assert after.total.tolist() == [0, 0, 1, 0, 0, 1, 0, 0, 0]
+    assert after.metrics["advantages/gec_injected"] == 2.0 and "advantages/gec_injected" not in before.metrics
     ids = after.gen.completion_ids[5][after.gen.completion_mask[5] > 0].tolist()
     assert ids == tok("4", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert not bool(after.gen.truncated[2]) and int(after.gen.completion_mask[2].sum()) == 4   # 3 tokens + EOS
@@ -90,17 +91,18 @@ def test_advantage_variants_apply_edge_then_difficulty_weights():
     assert torch.allclose(got, expected, atol=1e-6) and "advantages/entropy_mean" in metrics
 
 
-@pytest.mark.parametrize("preset", ["edge_grpo", "gtpo", "grpo_s", "grpo_lead"])
+@pytest.mark.parametrize("preset", ["edge_grpo", "gtpo", "grpo_s", "grpo_lead", "tic_grpo"])
 def test_variant_presets_train_with_the_embedded_task(tmp_path, preset):
     tok = build_tokenizer()
     model = build_model(tok, "micro", seed=0)
     flat = {"algorithm.preset": preset, "train.output_dir": str(tmp_path), "train.max_steps": 2,
             "train.prompts_per_step": 2, "rollout.num_generations": 4, "rollout.max_new_tokens": 6,
-            "data.num_train_prompts": 20, "log.progress_bar": False, "train.save_final": False}
+            "data.num_train_prompts": 20, "log.progress_bar": False, "train.save_final": False,
+            "algorithm.num_iterations": 2}                  # mu = 2: TIC-GRPO's ratio differs from 1
     train(build_config(overrides=flat), model, tok)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["optim/skipped_steps"] == 0 for r in records)
-    if preset != "grpo_lead":
+    if preset in ("edge_grpo", "gtpo", "grpo_s"):
         assert records[0]["advantages/entropy_mean"] > 0
 
 
