@@ -94,8 +94,8 @@ PRESETS: dict[str, Preset] = {
          "algorithm.entropy_advantage": "grpo_s", "algorithm.entropy_reward_weight": 0.1}),
     "g2_dpo": Preset(
         "It Takes Two: Your GRPO Is Secretly DPO (Wu et al., 2025, arXiv 2510.00977)",
-        "2-GRPO: G = 2 with the k3 KL in the loss and a token-sum aggregation; its gradient is an on-policy DPO "
-        "gradient over the sampled pair (docs/variants.md, 'G = 2 and DPO')",
+        "2-GRPO: G = 2 with the k3 KL in the loss and a token-sum aggregation; at pi = pi_ref (mu = 1) its gradient "
+        "is on-policy DPO's over the sampled pair (docs/variants.md, 'G = 2 and DPO')",
         {**_GRPO_BASE, "rollout.num_generations": 2, "algorithm.loss_agg_mode": "seq-mean-token-sum"}),
     # -- issue 21: DeepSeek-V3.2's stabilisers (grpo/algorithms/stabilisers.py)
     "dsv32": Preset(
