@@ -60,10 +60,10 @@ def _signed_shares(value: torch.Tensor, members: torch.Tensor, group_size: int) 
 
 def grpo_s_rewards(rewards: torch.Tensor, correct: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
                    group_size: int, weight: float) -> torch.Tensor:
-    """GRPO-S shaped sequence rewards, with beta_2 = ``weight`` and beta_1 = 1 - weight:
+    """GRPO-S shaped sequence rewards, with beta_2 = ``weight`` and beta_1 = 1:
 
-        r^_i = beta_1 r_i + beta_2 * n * H_i / sum_{k in O+} H_k              for correct i (O+, n = |O+|)
-        r^_j = beta_1 r_j - beta_2 * m * (1/H_j) / sum_{k in O-} (1/H_k)       for wrong j (O-, m = |O-|)
+        r^_i = r_i + beta_2 * n * H_i / sum_{k in O+} H_k              for correct i (O+, n = |O+|)
+        r^_j = r_j - beta_2 * m * (1/H_j) / sum_{k in O-} (1/H_k)       for wrong j (O-, m = |O-|)
 
     H_i the completion's mean token entropy. Within each set the entropy term averages to beta_2, so
     correct completions keep their lead; among them the more exploratory (higher-entropy) ones gain, among
@@ -76,7 +76,7 @@ def grpo_s_rewards(rewards: torch.Tensor, correct: torch.Tensor, entropy: torch.
     r = rewards.to(torch.float64).view(-1, group_size)
     w = ~c & torch.isfinite(r)
     bonus = _signed_shares(h, c, group_size) - _signed_shares(1 / h.clamp(min=TINY), w, group_size)
-    return ((1 - weight) * r + weight * bonus).reshape(-1)
+    return (r + weight * bonus).reshape(-1)
 
 
 def grpo_s_advantages(rewards, advantages, correct, entropy, mask, group_size, weight, estimator,
@@ -87,10 +87,11 @@ def grpo_s_advantages(rewards, advantages, correct, entropy, mask, group_size, w
 
 def gtpo_token_rewards(rewards: torch.Tensor, correct: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
                        group_size: int, weight: float) -> torch.Tensor:
-    """GTPO shaped token rewards, with alpha_2 = ``weight`` and alpha_1 = 1 - weight:
+    """GTPO shaped token rewards (paper eq. 3 and 5), with alpha_2 = ``weight`` and alpha_1 = 1 (the
+    paper's experiments: alpha_1 = 1, alpha_2 = 0.1; its rewards are +1 / -1, here r is the step's reward):
 
-        r~_it = alpha_1 r_i + alpha_2 * d_t * H_it / sum_{k in O+, t < |o_k|} H_kt            (i correct)
-        r~_jt = alpha_1 r_j - alpha_2 * h_t * (1/H_jt) / sum_{k in O-, t < |o_k|} (1/H_kt)    (j wrong)
+        r~_it = r_i + alpha_2 * d_t * H_it / sum_{k in O+, t < |o_k|} H_kt            (i correct)
+        r~_jt = r_j - alpha_2 * h_t * (1/H_jt) / sum_{k in O-, t < |o_k|} (1/H_kt)    (j wrong)
 
     d_t (h_t): how many correct (wrong) completions of the group have a token at position t. At each
     position the entropy term averages to alpha_2 over the set, so it redistributes credit between the
@@ -105,7 +106,7 @@ def gtpo_token_rewards(rewards: torch.Tensor, correct: torch.Tensor, entropy: to
     c = correct.view(-1, group_size, 1) & on
     w = ~correct.view(-1, group_size, 1) & torch.isfinite(r) & on
     bonus = _signed_shares(H, c, group_size) - _signed_shares(1 / H.clamp(min=TINY), w, group_size)
-    shaped = (1 - weight) * r + weight * bonus                                 # [B, G, T]
+    shaped = r + weight * bonus                                                # [B, G, T]
     return torch.where(on, shaped, 0).view(N, T)
 
 

@@ -47,10 +47,10 @@ def test_grpo_s_rewards_hand_values():
     w = 0.2
     got = grpo_s_rewards(r, correct, H, mask, 4, w)
     inv = 1 / 1 + 1 / 4
-    expected = f64(0.8 + w * 2 * 1 / 4, 0.8 + w * 2 * 3 / 4, -w * 2 * 1 / inv, -w * 2 * 0.25 / inv)
+    expected = f64(1 + w * 2 * 1 / 4, 1 + w * 2 * 3 / 4, -w * 2 * 1 / inv, -w * 2 * 0.25 / inv)
     assert torch.allclose(got, expected, rtol=1e-12)
     # the entropy term averages to +w over the correct ones and -w over the wrong ones
-    assert math.isclose(float(got[:2].mean()), 0.8 + w) and math.isclose(float(got[2:].mean()), -w)
+    assert math.isclose(float(got[:2].mean()), 1 + w) and math.isclose(float(got[2:].mean()), -w)
 
 
 def test_grpo_s_reduces_to_grpo_at_weight_zero():
@@ -71,10 +71,21 @@ def reference_gtpo_rewards(r, correct, H, lengths, G, w):
             pos = [i for i in rows if correct[i] and t < lengths[i]]
             neg = [i for i in rows if not correct[i] and t < lengths[i]]
             for i in pos:
-                out[i][t] = (1 - w) * r[i] + w * len(pos) * H[i][t] / sum(H[k][t] for k in pos)
+                out[i][t] = r[i] + w * len(pos) * H[i][t] / sum(H[k][t] for k in pos)
             for j in neg:
-                out[j][t] = (1 - w) * r[j] - w * len(neg) * (1 / H[j][t]) / sum(1 / H[k][t] for k in neg)
+                out[j][t] = r[j] - w * len(neg) * (1 / H[j][t]) / sum(1 / H[k][t] for k in neg)
     return out
+
+
+def test_gtpo_matches_the_paper_example():
+    """Eq. 3 and 5 with alpha_1 = 1, alpha_2 = 0.1, hand-computed: two correct completions with entropies
+    [3, 1] and [1, 3] (t = 0: shares 3/4 and 1/4 of d_0 = 2), two wrong ones with [4, 1] and [1, 4] and
+    reward -1 (inverse entropies 1/4 and 1 at t = 0, sum 1.25, h_0 = 2)."""
+    r = f64(1, 1, -1, -1)
+    H = f64(3, 1, 1, 3, 4, 1, 1, 4).view(4, 2)
+    got = gtpo_token_rewards(r, r > 0, H, torch.ones(4, 2, dtype=torch.float64), 4, 0.1)
+    expected = f64(1.15, 1.05, 1.05, 1.15, -1.04, -1.16, -1.16, -1.04).view(4, 2)
+    assert torch.allclose(got, expected, rtol=1e-12)
 
 
 def test_gtpo_token_rewards_match_float64_loops():
@@ -90,11 +101,11 @@ def test_gtpo_token_rewards_match_float64_loops():
 
 
 def test_gtpo_hand_value_and_reduction():
-    # one correct row alone at a position: its share is H / H * 1 = 1, so r~ = (1 - w) r + w
+    # one correct row alone at a position: its share is H / H * 1 = 1, so r~ = r + w
     r = f64(1, 0)
     H = f64(0.5, 2.0).view(2, 1)
     got = gtpo_token_rewards(r, r > 0, H, torch.ones(2, 1, dtype=torch.float64), 2, 0.25)
-    assert torch.allclose(got, f64(1.0, -0.25).view(2, 1))
+    assert torch.allclose(got, f64(1.25, -0.25).view(2, 1))
     # weight 0: every token gets exactly GRPO's advantage
     r = f64(1, 0, 0, 1, 1, 1)
     H = torch.rand(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
