@@ -12,7 +12,8 @@ time/update_s and time/step_s; the peak RSS is ru_maxrss of the process (model l
 Each number is then the median over rounds; the ratios are fp32 / bf16 (> 1: bf16 faster). The
 machine's 1-minute load average is recorded before every run (other jobs share the cores; `--threads 1`
 is far less sensitive to them than two threads, whose OpenMP barriers stall when a core is taken).
-Writes bench/results/precision.json.
+Writes bench/results/precision.json (with the CPU's model and torch's vector ISA: bf16 is fast only
+with AVX-512 BF16 / AMX; on an AVX2-only CPU its matmuls are emulated, several times slower than float32).
 """
 
 from __future__ import annotations
@@ -108,6 +109,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu() -> dict:
+    """The CPU's model name and the widest vector ISA torch dispatches to: bf16 speed depends on it (the
+    AVX-512 BF16 GEMMs of oneDNN; on an AVX2-only CPU bf16 matmuls are emulated and slower than float32)."""
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
+    return {"model": model, "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def main() -> None:
     from bench.common import print_table, write_results
 
@@ -122,7 +133,8 @@ def main() -> None:
     print_table(rows, ["config", "threads", *(f"speedup_{s}" for s in STAGES), "fp32_peak_mb", "bf16_peak_mb",
                        "memory_ratio"])
     print(markdown(rows))
-    path = write_results("precision", rows, {"steps": args.steps, "rounds": args.rounds, "markdown": markdown(rows)})
+    path = write_results("precision", rows, {"steps": args.steps, "rounds": args.rounds, "cpu": cpu(),
+                                             "markdown": markdown(rows)})
     print(f"wrote {path}")
 
 

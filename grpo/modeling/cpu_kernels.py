@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -138,18 +139,45 @@ class _ReusedCast(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
+class InputCasts:
+    """The last layer input cast to autocast's dtype, shared by the linears that read the same tensor
+    (q / k / v, gate / up): autocast casts the input at every call and each product saves its own
+    copy for the backward pass (3 bfloat16 copies of the normed hidden state per attention block
+    where float32 saves 1). One entry (a weak reference to the input and its version counter), so a
+    cast is reused only for the very tensor, unchanged, it was made from."""
+
+    def __init__(self):
+        self.source = None                                  # weakref to the float32 input
+        self.version = -1
+        self.cast: torch.Tensor | None = None
+
+    def get(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`x` in `dtype`, as an autograd node whose backward converts the gradient back (:class:`_ReusedCast`)."""
+        if x.dtype == dtype:
+            return x
+        if self.source is None or self.source() is not x or self.version != x._version or self.cast.dtype != dtype:
+            self.source, self.version, self.cast = weakref.ref(x), x._version, x.detach().to(dtype)
+        return _ReusedCast.apply(x, self.cast) if x.requires_grad else self.cast
+
+
 class DnnLinear(torch.nn.Linear):
     """An ``nn.Linear`` whose forward is :func:`linear` (same parameters, state dict and isinstance).
 
     ``cast_weight`` (set for the update by :func:`grpo.modeling.precision.cast_trainable_linears`): the weight in autocast's
-    dtype, made once per update; under autocast with autograd the product uses it (:class:`_ReusedCast`).
+    dtype, made once per update; under autocast with autograd the product uses it (:class:`_ReusedCast`), and
+    its input is cast through ``input_casts`` (:class:`InputCasts`, shared by the model's linears), so
+    linears reading the same input save one low-precision copy of it between them.
     """
 
     cast_weight: torch.Tensor | None = None
+    input_casts: InputCasts | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cast_weight is not None and torch.is_grad_enabled() and torch.is_autocast_enabled(x.device.type):
-            return F.linear(x, _ReusedCast.apply(self.weight, self.cast_weight), self.bias)  # autocast casts x, b
+            w = _ReusedCast.apply(self.weight, self.cast_weight)
+            if self.input_casts is not None:
+                x = self.input_casts.get(x, self.cast_weight.dtype)
+            return F.linear(x, w, self.bias)                                # autocast casts b (and x if not cast)
         return linear(x, self.weight, self.bias)
 
 

@@ -123,13 +123,16 @@ def cast_trainable_linears(model: torch.nn.Module, device: torch.device):
     is a single autograd node whose backward the engine runs last, so every weight's low-precision
     gradient stays alive to the end of each backward pass; here each use is a new node and the gradient
     is converted and accumulated at once (measured on qwen2-100m: update peak -260 MiB, and not slower).
+    Linears reading the same input (q / k / v, gate / up) share one cast of it, a new autograd node per
+    use as for the weights (:class:`grpo.modeling.cpu_kernels.InputCasts`): autocast saves a copy per linear.
     Other layers (``nn.Linear``, CUDA) keep autocast's cache. A no-op without autocast.
     """
-    from grpo.modeling.cpu_kernels import DnnLinear
+    from grpo.modeling.cpu_kernels import DnnLinear, InputCasts
 
     dtype = active_dtype(device)
     cast: list[DnnLinear] = []
     copies: dict[int, torch.Tensor] = {}                    # the tied LM head / embedding matrix is cast once
+    inputs = InputCasts()                                   # q / k / v (gate / up) share their input's cast
     if dtype is not None:
         for module in model.modules():
             w = module.weight if isinstance(module, DnnLinear) else None
@@ -137,13 +140,13 @@ def cast_trainable_linears(model: torch.nn.Module, device: torch.device):
                 continue
             if id(w) not in copies:
                 copies[id(w)] = w.detach().to(dtype)
-            module.cast_weight = copies[id(w)]
+            module.cast_weight, module.input_casts = copies[id(w)], inputs
             cast.append(module)
     try:
         yield
     finally:
         for module in cast:
-            module.cast_weight = None
+            module.cast_weight = module.input_casts = None
 
 
 def loss_scaler(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.amp.GradScaler:
