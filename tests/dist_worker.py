@@ -90,10 +90,11 @@ def unit(mode: str, model_dir: str, reward: str, work: Path) -> None:
 SAME_AS_ONE = {"train.max_steps": 3, "train.save_steps": 0, "train.prompts_per_step": 4}
 
 
-def plain_sgd(model, cfg, total_steps):
+def plain_sgd(model, cfg, total_steps, extra_groups=()):
     """grpo.training.update.build_optimizer's stand-in: SGD at optim.lr, constant (Adam's sign-like first step would
     turn float rounding of near-zero gradients into differences of lr)."""
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    optimizer = torch.optim.SGD([{"params": [p for p in model.parameters() if p.requires_grad]}, *extra_groups],
+                                lr=cfg.lr)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
