@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from grpo.envs.environment import resolve
-from grpo.envs.parsers import ToolCall, ToolCallError, call_body, ends_with_call
+from grpo.envs.parsers import CLOSE, ToolCall, ToolCallError, call_body, ends_with_call
 from grpo.rewards.calling import RewardTimeout, in_thread
 
 
@@ -49,6 +49,7 @@ class EpisodeDriver:
         self.max_turns, self.format, self.timeout_s, self.max_chars = max_turns, observation_format, timeout_s, max_chars
         n = len(envs)
         self.turn: list[list[int]] = [[] for _ in range(n)]           # token ids of the model's current turn
+        self.tail: list[str] = [""] * n                                # the turn's last characters, decoded token by token
         self.messages: list[list[dict]] = [[] for _ in range(n)]
         self.turn_rewards: list[list[float]] = [[] for _ in range(n)]
         self.calls, self.errors, self.timeouts, self.parse_errors = [0] * n, [0] * n, [0] * n, [0] * n
@@ -63,12 +64,17 @@ class EpisodeDriver:
             self.turn_rewards[row].append(float(info["reward"]))
 
     def after_token(self, row: int, token: int) -> tuple[list[int], bool]:
+        """Called for every sampled token (the rollout's hot loop): one token is decoded, and the whole turn
+        only when its tail closes a tool call."""
         self.turn[row].append(token)
-        text = self._text(self.turn[row])
+        self.tail[row] = (self.tail[row] + self._text([token]))[-2 * len(CLOSE):]
+        if not ends_with_call(self.tail[row]):
+            return [], False
+        text = self._text(self.turn[row])                          # exact (a token may not decode alone)
         if not ends_with_call(text):
             return [], False
         self.messages[row].append({"role": "assistant", "content": text})
-        self.turn[row] = []
+        self.turn[row], self.tail[row] = [], ""
         if self.calls[row] + self.parse_errors[row] >= self.max_turns:
             return [], True                                        # the turn cap: this call is not answered
         try:
@@ -89,7 +95,7 @@ class EpisodeDriver:
 
     def finish(self, row: int, ended_by_eos: bool) -> None:
         text = self._text(self.turn[row])
-        self.turn[row] = []
+        self.turn[row], self.tail[row] = [], ""
         if text or not self.messages[row]:
             self.messages[row].append({"role": "assistant", "content": text})
         if ended_by_eos:                                           # the final answer: the env may score it
