@@ -20,14 +20,11 @@ The driver (grpo/envs/agent.py builds one) is any object with
 
 from __future__ import annotations
 
-import contextlib
 from typing import Protocol
 
 import torch
 
-from grpo.modeling.precision import cast_frozen_linears
-from grpo.rollout.keyed import row_keys, token_uniforms
-from grpo.rollout.sampler import UNIFORM_BLOCK, choose_tokens, prefill_shared
+from grpo.rollout.sampler import choose_tokens, sampling_mode, start_rows, step_uniforms
 from grpo.types import Generation
 
 
@@ -66,20 +63,10 @@ def sample_episodes(
     Shape:
         prompt_ids, prompt_mask: [B, P], prompt_index: [B] -> Generation with N = B * num_generations rows
     """
-    was_training = model.training
-    model.eval()
-    frozen = contextlib.ExitStack()
-    try:
-        device = next(model.parameters()).device
-        frozen.enter_context(cast_frozen_linears(model, device))
-        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()  # [B, P]
-        n_rows = prompt_ids.size(0) * num_generations
-        logits, decoding = prefill_shared(model, prompt_ids, prompt_mask, num_generations, max_new_tokens,
-                                          lean)  # [N, V]
-        running = torch.arange(n_rows, device=device)  # [n] row of each running episode
-        if prompt_index is None:
-            prompt_index = torch.arange(prompt_ids.size(0), device=device)  # [B]
-        keys = row_keys(seed, prompt_index.to(device), num_generations)  # [n]
+    with sampling_mode(model) as device:
+        prompt_ids, prompt_mask, logits, decoding, running, keys = start_rows(
+            model, prompt_ids, prompt_mask, num_generations, max_new_tokens, seed, prompt_index, lean, device)
+        n_rows = running.numel()
         block = None
         completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
@@ -88,9 +75,7 @@ def sample_episodes(
         ended_by_eos = torch.zeros(n_rows, dtype=torch.bool, device=device)                # [N]
         steps = 0
         for step in range(max_new_tokens):
-            if temperature > 0 and step % UNIFORM_BLOCK == 0:
-                block = token_uniforms(keys[:, None], torch.arange(step, step + UNIFORM_BLOCK, device=device))
-            uniforms = block[:, step % UNIFORM_BLOCK] if block is not None else None  # [n]
+            block, uniforms = step_uniforms(keys, step, block, temperature)  # [n]
             tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms)  # [n], [n]
             rows = running.tolist()
             forced = [i for i, r in enumerate(rows) if pending.get(r)]
@@ -130,10 +115,6 @@ def sample_episodes(
                 running, tokens, keys = running[kept], tokens[kept], keys[kept]
                 block = block[kept] if block is not None else None
             logits = decoding.step(tokens)  # [n, V]
-    finally:
-        frozen.close()
-        torch.clear_autocast_cache()
-        model.train(was_training)
 
     completion_ids, action = completion_ids[:, :steps], action[:, :steps]  # [N, T]
     written = written_mask(action)                                           # [N, T]

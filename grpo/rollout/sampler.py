@@ -219,6 +219,48 @@ def prefill_shared(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n
     return logits.repeat_interleave(num_generations, dim=0), decoding  # [N, V]
 
 
+@contextlib.contextmanager
+def sampling_mode(model):
+    """The model in eval mode, its frozen linears cast once under autocast (LoRA's base weights); on exit the
+    weights are put back, autocast's casts dropped (they would sit beside the next pass's) and the training
+    flag restored. Yields the model's device."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        with cast_frozen_linears(model, device):
+            yield device
+    finally:
+        torch.clear_autocast_cache()
+        model.train(was_training)
+
+
+def start_rows(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
+               max_new_tokens: int, seed: int, prompt_index: torch.Tensor | None, lean: bool, device):
+    """Prefill the prompts and key the N = B * G rows (:func:`prefill_shared`, grpo/rollout/keyed.py).
+
+    Shape:
+        prompt_ids, prompt_mask: [B, P] -> (prompt_ids, prompt_mask on `device`, logits [N, V], decoding state,
+        running rows [N], row keys [N])
+    """
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()  # [B, P]
+    logits, decoding = prefill_shared(model, prompt_ids, prompt_mask, num_generations, max_new_tokens, lean)
+    running = torch.arange(prompt_ids.size(0) * num_generations, device=device)  # [N] row of each running sequence
+    if prompt_index is None:
+        prompt_index = torch.arange(prompt_ids.size(0), device=device)  # [B]
+    keys = row_keys(seed, prompt_index.to(device), num_generations)  # [N] key of each running row
+    return prompt_ids, prompt_mask, logits, decoding, running, keys
+
+
+def step_uniforms(keys: torch.Tensor, step: int, block: torch.Tensor | None, temperature: float):
+    """The running rows' uniforms for `step`, drawn UNIFORM_BLOCK steps at a time (None when greedy).
+    Shape: keys [n], block [n, K] or None -> (block, uniforms [n] float64 or None)"""
+    if temperature > 0 and step % UNIFORM_BLOCK == 0:
+        steps_ahead = torch.arange(step, step + UNIFORM_BLOCK, device=keys.device)  # [K]
+        block = token_uniforms(keys[:, None], steps_ahead)  # [n, K] float64
+    return block, (block[:, step % UNIFORM_BLOCK] if block is not None else None)
+
+
 @torch.no_grad()
 def sample(
     model,
@@ -249,29 +291,16 @@ def sample(
     Shape:
         prompt_ids, prompt_mask: [B, P], prompt_index: [B] long -> Generation with N = B * num_generations rows
     """
-    was_training = model.training
-    model.eval()
-    frozen = contextlib.ExitStack()
-    try:
-        device = next(model.parameters()).device
-        frozen.enter_context(cast_frozen_linears(model, device))  # autocast: LoRA's frozen weights cast once
-        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()  # [B, P]
-        n_rows = prompt_ids.size(0) * num_generations
-        logits, decoding = prefill_shared(model, prompt_ids, prompt_mask, num_generations, max_new_tokens,
-                                          lean)  # [N, V]
-        running = torch.arange(n_rows, device=device)  # [n] row index of each running sequence
-        if prompt_index is None:
-            prompt_index = torch.arange(prompt_ids.size(0), device=device)  # [B]
-        keys = row_keys(seed, prompt_index.to(device), num_generations)  # [n] key of each running row
+    with sampling_mode(model) as device:
+        prompt_ids, prompt_mask, logits, decoding, running, keys = start_rows(
+            model, prompt_ids, prompt_mask, num_generations, max_new_tokens, seed, prompt_index, lean, device)
+        n_rows = running.numel()
         block = None  # [n, UNIFORM_BLOCK] uniforms of the running rows for the current block of steps
         completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
         steps = 0
         for step in range(max_new_tokens):
-            if temperature > 0 and step % UNIFORM_BLOCK == 0:
-                steps_ahead = torch.arange(step, step + UNIFORM_BLOCK, device=device)  # [K]
-                block = token_uniforms(keys[:, None], steps_ahead)  # [n, K] float64
-            uniforms = block[:, step % UNIFORM_BLOCK] if block is not None else None  # [n]
+            block, uniforms = step_uniforms(keys, step, block, temperature)  # [n]
             tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms)  # [n], [n]
             completion_ids[running, step] = tokens
             logprobs[running, step] = token_logprobs
@@ -285,10 +314,6 @@ def sample(
                 running, tokens, keys = running[kept], tokens[kept], keys[kept]  # [n'] each
                 block = block[kept] if block is not None else None  # [n', K]
             logits = decoding.step(tokens)  # [n, V]
-    finally:
-        frozen.close()
-        torch.clear_autocast_cache()  # autocast: the rollout's weight casts would sit beside the next pass's
-        model.train(was_training)
 
     completion_ids = completion_ids[:, :steps]  # [N, T]
     completion_mask = completion_mask_from_ids(completion_ids, eos_token_id)  # [N, T]
