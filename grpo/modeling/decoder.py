@@ -100,7 +100,8 @@ class LeanDecoder:
         bias = keys.new_zeros(batch, prompt_len).masked_fill_(prompt_mask == 0, float("-inf"))  # [B, P]
         return StaticCache(
             prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len) for layer in cache.layers],
-            prompt_values=[layer.values.reshape(batch * kv, prompt_len, d) for layer in cache.layers],
+            prompt_values=[layer.values.to(keys.dtype).reshape(batch * kv, prompt_len, d)  # one dtype, as keys
+                           for layer in cache.layers],
             prompt_bias=bias[:, None, None, :].expand(batch, kv, num_generations * groups, prompt_len)
             .reshape(batch * kv, num_generations * groups, prompt_len),  # [B*kv, G*R, P]
             keys=[keys.new_empty(n_rows, kv, max_new_tokens, d) for _ in cache.layers],
