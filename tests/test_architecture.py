@@ -18,6 +18,7 @@ PACKAGE = Path(grpo.__file__).parent
 ALLOWED: dict[str, set[str]] = {
     "algorithms": set(),                                            # pure math: nothing from grpo
     "events": set(),
+    "vision": set(),                                                # the shapes world: numpy and torch only
     "types": {"config", "algorithms"},
     "config": {"algorithms"},                                       # validation reads the registries
     "modeling": {"config", "types", "events"},

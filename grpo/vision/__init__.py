@@ -1,0 +1,1 @@
+"""Procedural images (the shapes world) and a pixel-statistics verifier; nothing learned, nothing downloaded."""
