@@ -1,0 +1,287 @@
+"""How cost grows: our trainer against TRL's GRPOTrainer over a grid of shapes, one factor at a time.
+
+    bash bench/setup_trl.sh                            # once: TRL in bench/.trl-venv (CPU torch)
+    .venv/bin/python bench/grid.py [--points base,g16,...] [--steps 3] [--rounds 1] [--no-trl] [--quick]
+
+The grid varies one factor at a time around a base point: the qwen2-100m shape (hidden 768, 12 layers,
+32k vocabulary), G = 8, 2 prompts per step, 64 new tokens, torch's default thread count. The factors:
+model shape (hidden 64 to 1024, 2 to 24 layers), vocabulary (256, 32k, 152k), G (4, 8, 16), prompts per
+step (2, 16), completion length (32, 64, 256, 1024) and threads (default, 1). `--points` picks a subset
+by name (`--list` prints them).
+
+Per point, our run and TRL's alternate (`--rounds` times each, each a fresh process, on the settings of
+bench/trl_compare.py: same model directory, prompts, rewards, G, lengths, beta 0.04, AdamW, no
+micro-batching); seconds per step are the median over steps 2.. of a run, then over rounds; peak RSS is
+ru_maxrss of the process (model loading included on both sides). Our child then times the rollout
+against `model.generate` on the same prompts with EOS on (bench/speed.py's `rollout_pair`, two
+alternating repeats), which gives the rollout's tokens/s ratio on that shape.
+
+Writes bench/results/grid.json, prints a Markdown table, and plots docs/img/scaling.png: s/step and peak
+memory against G, completion length and parameter count, for ours and TRL. Random models seldom emit EOS,
+so completions run to the length limit on both sides. `--quick` (2 steps, tiny points only) checks
+the script itself in a few minutes; its numbers are not results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODELS_DIR = Path(tempfile.gettempdir()) / "grpo-grid-models"
+#: The base point; each grid point changes one entry of it.
+BASE = dict(hidden=768, layers=12, vocab=32768, G=8, prompts=2, new_tokens=64, threads=0)
+#: name -> the entries that differ from BASE (one factor at a time).
+POINTS: dict[str, dict] = {
+    "base": {},
+    "h64-l2": dict(hidden=64, layers=2), "h128-l4": dict(hidden=128, layers=4), "h256-l6": dict(hidden=256, layers=6),
+    "h512-l8": dict(hidden=512, layers=8), "h1024-l24": dict(hidden=1024, layers=24),
+    "vocab256": dict(vocab=256), "vocab152k": dict(vocab=151936),
+    "g4": dict(G=4), "g16": dict(G=16),
+    "prompts16": dict(prompts=16),
+    "len32": dict(new_tokens=32), "len256": dict(new_tokens=256), "len1024": dict(new_tokens=1024),
+    "threads1": dict(threads=1),
+}
+QUICK = ["h64-l2", "h128-l4"]
+
+OURS = r"""
+import json, resource, statistics, sys
+import torch
+from grpo.config import build_config
+from grpo.api.trainer import train
+spec = json.loads(sys.argv[1])
+cfg = build_config(overrides={
+    "model.path": spec["model"], "data.dataset": spec["data"], "data.shuffle": False,
+    "reward.functions": ["accuracy", "format"], "rollout.num_generations": spec["G"],
+    "rollout.max_new_tokens": spec["new_tokens"], "rollout.temperature": 1.0,
+    "algorithm.beta": spec["beta"], "algorithm.loss_agg_mode": "seq-mean-token-mean",
+    "algorithm.scale_rewards": "group", "optim.lr": spec["lr"], "optim.adam_beta1": 0.9, "optim.adam_beta2": 0.99,
+    "optim.weight_decay": 0.0, "optim.max_grad_norm": 1.0, "optim.lr_scheduler": "constant",
+    "train.prompts_per_step": spec["prompts"], "train.micro_batch_size": 0, "train.max_steps": spec["steps"],
+    "train.num_threads": spec["threads"], "train.output_dir": spec["out"], "train.save_final": False,
+    "log.progress_bar": False})
+result = train(cfg)
+rows = [json.loads(line) for line in open(spec["out"] + "/metrics.jsonl")]
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# the rollout against model.generate on the same prompts, EOS on (bench/speed.py), alternating twice
+from bench.speed import rollout_pair
+from grpo.data.prompts import tokenize_prompts
+from bench.common import arithmetic_rows
+model, tok = result.model, result.tokenizer
+model.generation_config.top_k = None
+batch = tokenize_prompts(tok, arithmetic_rows(spec["prompts"], tok, seed=1))
+pairs = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False) for i in range(2)]
+print(json.dumps({"step_s": [r["time/step_s"] for r in rows], "rollout_s": [r["time/rollout_s"] for r in rows],
+                  "update_s": [r["time/update_s"] for r in rows], "peak_rss_mb": peak,
+                  "rollout_tok_s": statistics.median(p[0][1] / p[0][0] for p in pairs),
+                  "generate_tok_s": statistics.median(p[1][1] / p[1][0] for p in pairs)}))
+"""
+
+
+def point_spec(name: str) -> dict:
+    """BASE with the point's changes."""
+    return {**BASE, **POINTS[name]}
+
+
+def shape_config(hidden: int, layers: int) -> dict[str, int]:
+    """A Qwen2-style shape of `hidden` x `layers`: heads of 64 (at least 1, 2 for hidden 64), about a
+    third as many KV heads, an MLP of 8/3 hidden rounded to 64 (the ratio of the qwen2-100m shape)."""
+    heads = max(2, hidden // 64)
+    kv = next(k for k in range(max(1, heads // 3), 0, -1) if heads % k == 0)
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                intermediate_size=max(64, round(hidden * 8 / 3 / 64) * 64))
+
+
+def build_model(hidden: int, layers: int, vocab: int, seed: int = 0) -> Path:
+    """Build (once) a randomly initialised Qwen2 of this shape and vocabulary; returns its directory."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from bench.common import wide_tokenizer
+
+    out = MODELS_DIR / f"h{hidden}-l{layers}-v{vocab}"
+    if (out / "config.json").is_file():
+        return out
+    tok = wide_tokenizer(vocab)
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                      **shape_config(hidden, layers))
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                               bos_token_id=None)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def params_of(model_dir: Path) -> int:
+    from bench.common import count_params
+
+    return count_params(model_dir)
+
+
+def run(side: str, spec: dict) -> dict:
+    """One run in a fresh process (ours: also the rollout-vs-generate timing)."""
+    from bench.trl_compare import TRL, TRL_PYTHON
+
+    python = str(TRL_PYTHON) if side == "trl" else sys.executable
+    threads = spec["threads"] or (os.cpu_count() or 1)         # torch's default: one per core
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    child = {**spec, "threads": threads}
+    proc = subprocess.run([python, "-c", TRL if side == "trl" else OURS, json.dumps(child)], capture_output=True,
+                          text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench/grid.py: the {side} run of {spec['name']} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool) -> dict:
+    """Both sides on one grid point, alternating; one row of medians and ratios."""
+    from bench.common import median
+    from bench.trl_compare import BETA, write_prompts
+
+    p = point_spec(name)
+    data = tmp / "prompts.jsonl"
+    if not data.exists():
+        write_prompts(data, 4096)
+    model = build_model(p["hidden"], p["layers"], p["vocab"])
+    sides = ("ours", "trl") if with_trl else ("ours",)
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    for r in range(rounds):
+        for side in sides if r % 2 == 0 else tuple(reversed(sides)):
+            spec = {**p, "name": name, "model": str(model), "data": str(data), "beta": BETA, "steps": steps,
+                    "lr": 1e-6, "out": str(tmp / f"{name}-{side}-{r}"), "root": str(ROOT)}
+            t0 = time.perf_counter()
+            out = run(side, spec)
+            print(f"  {name} {side} round {r}: step_s {[round(s, 2) for s in out['step_s']]}, "
+                  f"peak {out['peak_rss_mb']:.0f} MiB ({time.perf_counter() - t0:.0f} s)", flush=True)
+            runs[side].append(out)
+    row = {"point": name, **p, "params": params_of(model), "steps": steps, "rounds": rounds}
+    for side, outs in runs.items():
+        row[f"{side}_step_s"] = median([median(o["step_s"][1:] or o["step_s"]) for o in outs])
+        row[f"{side}_peak_mb"] = median([o["peak_rss_mb"] for o in outs])
+        row[f"{side}_runs"] = outs
+    ours = runs["ours"]
+    row["rollout_tok_s"] = median([o["rollout_tok_s"] for o in ours])
+    row["generate_tok_s"] = median([o["generate_tok_s"] for o in ours])
+    row["rollout_vs_generate"] = row["rollout_tok_s"] / row["generate_tok_s"]
+    if with_trl:
+        row["step_ratio"] = row["ours_step_s"] / row["trl_step_s"]
+        row["memory_ratio"] = row["ours_peak_mb"] / row["trl_peak_mb"]
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table of docs/performance.md: one line per grid point."""
+    lines = ["| point | params | G | prompts | tokens | threads | ours s/step | TRL s/step | ratio | ours MiB | "
+             "TRL MiB | ratio | rollout / generate |", "|" + " --- |" * 13]
+    for r in rows:
+        trl = "trl_step_s" in r
+        lines.append(
+            f"| {r['point']} | {r['params'] / 1e6:.1f}M | {r['G']} | {r['prompts']} | {r['new_tokens']} | "
+            f"{r['threads'] or 'default'} | {r['ours_step_s']:.2f} | {r['trl_step_s']:.2f} | {r['step_ratio']:.2f} | "
+            f"{r['ours_peak_mb']:.0f} | {r['trl_peak_mb']:.0f} | {r['memory_ratio']:.2f} | "
+            f"{r['rollout_vs_generate']:.2f} |" if trl else
+            f"| {r['point']} | {r['params'] / 1e6:.1f}M | {r['G']} | {r['prompts']} | {r['new_tokens']} | "
+            f"{r['threads'] or 'default'} | {r['ours_step_s']:.2f} | - | - | {r['ours_peak_mb']:.0f} | - | - | "
+            f"{r['rollout_vs_generate']:.2f} |")
+    return "\n".join(lines)
+
+
+def series(rows: list[dict], factor: str, names: list[str]) -> list[dict]:
+    """The rows of one factor's sweep (the base point included), sorted by that factor."""
+    chosen = [r for r in rows if r["point"] in names]
+    return sorted(chosen, key=lambda r: r[factor])
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """docs/img/scaling.png: s/step (top) and peak RSS (bottom) against G, completion length and parameter
+    count, ours and TRL."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweeps = [("G", ["g4", "base", "g16"], "G (completions per prompt)"),
+              ("new_tokens", ["len32", "base", "len256", "len1024"], "new tokens per completion"),
+              ("params", ["h64-l2", "h128-l4", "h256-l6", "h512-l8", "base", "h1024-l24"], "parameters")]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for col, (factor, names, label) in enumerate(sweeps):
+        data = series(rows, factor, names)
+        if not data:
+            continue
+        x = [r[factor] for r in data]
+        for row, (key, ylabel) in enumerate((("step_s", "seconds per step"), ("peak_mb", "peak RSS (MiB)"))):
+            ax = axes[row][col]
+            for side, style in (("ours", "o-"), ("trl", "s--")):
+                if all(f"{side}_{key}" in r for r in data):
+                    ax.plot(x, [r[f"{side}_{key}"] for r in data], style, label="grpo" if side == "ours" else "TRL")
+            ax.set_xscale("log")
+            if key == "step_s":
+                ax.set_yscale("log")
+            ax.set_xlabel(label)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.suptitle("Cost per GRPO step against G, completion length and model size (one factor at a time)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    from bench.common import write_results
+    from bench.trl_compare import TRL_PYTHON
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", default=",".join(POINTS), help="comma-separated grid points (--list)")
+    parser.add_argument("--steps", type=int, default=3, help="steps per run (the first is the warm-up)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per side and point, alternating")
+    parser.add_argument("--no-trl", action="store_true", help="our side only (no bench/.trl-venv needed)")
+    parser.add_argument("--quick", action="store_true", help="2 steps on the tiny points: checks the script only")
+    parser.add_argument("--list", action="store_true", help="print the grid points and exit")
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "scaling.png"))
+    args = parser.parse_args()
+    if args.list:
+        for name in POINTS:
+            print(f"{name:10s} {point_spec(name)}")
+        return
+    names = QUICK if args.quick else args.points.split(",")
+    unknown = [n for n in names if n not in POINTS]
+    if unknown:
+        raise SystemExit(f"bench/grid.py: unknown point(s) {unknown}; --list shows them")
+    with_trl = not args.no_trl
+    if with_trl and not TRL_PYTHON.is_file():
+        raise SystemExit(f"{TRL_PYTHON} not found: run `bash bench/setup_trl.sh` first (or --no-trl)")
+    steps = 2 if args.quick else args.steps
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = []
+        for name in names:
+            rows.append(measure(name, steps, args.rounds, Path(tmp), with_trl))
+            print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    table = markdown(rows)
+    print(table)
+    extra = {"steps": steps, "rounds": args.rounds, "base": BASE, "wall_s": time.perf_counter() - start,
+             "load_avg": os.getloadavg(), "markdown": table, "quick": args.quick}
+    if with_trl:
+        extra["trl"] = subprocess.run([str(TRL_PYTHON), "-c", "import trl; print(trl.__version__)"],
+                                      capture_output=True, text=True).stdout.strip()
+    name = "grid_quick" if args.quick else "grid"
+    print(f"wrote {write_results(name, rows, extra)}")
+    if not args.quick:
+        plot(rows, Path(args.plot))
+        print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
