@@ -30,10 +30,11 @@ ALLOWED: dict[str, set[str]] = {
     "envs": {"config", "types", "rewards", "rollout", "modeling", "data"},   # environments drive the rollout
     "training": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state",
                  "health", "envs"},
+    "flow": {"config", "types", "algorithms", "state", "health", "training", "vision"},   # Flow-GRPO's sibling loop
     "api": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training",
             "health", "envs"},
     "cli": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training",
-            "api", "health", "envs"},
+            "api", "health", "envs", "flow"},
 }
 #: edges the issue names as forbidden (they must stay outside ALLOWED).
 FORBIDDEN = [("algorithms", "training"), ("rollout", "rewards"), ("rewards", "training"), ("data", "training"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.config.flow import FlowConfig
+
 
 class ConfigError(ValueError):
     """A bad configuration value or key; its message is one line that names the key."""
@@ -270,10 +272,19 @@ class TrainConfig:
     num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")
     output_dir: str = _f("runs/train", "Where metrics.jsonl and the final checkpoint are written.")
     save_final: bool = _f(True, "Save the trained policy to output_dir/checkpoint-<step> at the end.")
-    gradient_checkpointing: bool = _f(False, "Recompute transformer layer activations in the backward pass "
-                                      "(less memory, about 30% more update compute).")
-    logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto, about 32 MiB "
-                                 "of float32 logits per chunk); the full [N, T, vocab] logits never exist.")
+    gradient_checkpointing: bool | None = _f(None, "Recompute transformer layer activations in the backward pass "
+                                             "(less memory, about 30% more update compute): true | false | empty = "
+                                             "auto (on only when the update would not fit train.memory_budget_gib).")
+    logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto: about 32 MiB "
+                                 "of float32 logits per chunk, less when train.memory_budget_gib needs it); the full "
+                                 "[N, T, vocab] logits never exist.")
+    memory_budget_gib: float = _f(0.0, "Memory one step may use (GiB; host RSS on CPU, allocated memory on CUDA). "
+                                  "The planner (grpo/training/memory_plan.py) picks train.micro_batch_tokens, "
+                                  "train.gradient_checkpointing and train.logprob_chunk_size, those left on auto, so "
+                                  "the estimated peak fits, logs the plan at start, and stops before the first step "
+                                  "when even the leanest plan does not fit. 0 = auto: what the process holds plus 80% "
+                                  "of the memory still available (MemAvailable and the cgroup limit; CUDA: "
+                                  "mem_get_info's free memory).")
     save_steps: int = _f(0, "Also save output_dir/checkpoint-<step> every N steps (0 = only the final one).")
     eval_steps: int = _f(0, "Evaluate the policy every N steps on data.eval_dataset, greedy, with the run's reward "
                          "functions: eval/reward/<fn>, eval/pass@1 (first reward >= 0.5), eval/completion_length "
@@ -383,10 +394,11 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)    # Flow-GRPO (grpo/config/flow.py)
 
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "rollout": RolloutConfig, "reward": RewardConfig,
     "algorithm": AlgorithmConfig, "optim": OptimConfig, "train": TrainConfig, "log": LogConfig,
-    "health": HealthConfig,
+    "health": HealthConfig, "flow": FlowConfig,
 }

@@ -1,0 +1,142 @@
+"""Prompt worlds for Flow-GRPO (`flow.task`) and their rule-based rewards (`flow.reward`).
+
+A task gives the prompts (train and held-out), each as text with its label tensor, the data shape, a
+new model for it, reward functions (`flow.reward` picks the training one) and evaluation metrics.
+
+* ``shapes``: one object of 3 shapes x 4 colours x 4 positions in a 16 x 16 RGB image
+  (grpo/vision/shapes.py); labels (shape, colour, position). The checks come from grpo/vision/verify.py,
+  GenEval-like (colour / position / shape / count):
+    - reward ``geneval``: the mean of count_ok, colour_ok, position_ok, shape_ok (graded);
+    - reward ``compositional`` and metric ``compositional``: colour_ok and position_ok (the demo's measure);
+    - metric ``gold``: all_ok, exactly the scene (one object, right colour and shape in the right place),
+      never a training reward, so a reward that can be gamed shows as gold falling;
+    - reward ``colour_proxy``: the share of the image's pixels near the prompt's colour, a proxy that
+      is hacked by painting everything in that colour (the beta test's reward).
+* ``mixture``: the 2-D Gaussian mixture of grpo/flow/mixture.py, a label asks for a component; reward
+  1 when the point's nearest component is the asked one (the test bed of the loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from grpo.flow.mixture import default_mixture, nearest_component
+from grpo.flow.models import FlowModel, MLPFlow, TinyDiT
+from grpo.vision.shapes import COLOUR_RGB, COLOURS, POSITIONS, SHAPES, Scene, prompt_of, split_scenes, to_uint8
+from grpo.vision.verify import match
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    labels: tuple[int, ...]      # one class index per label field
+    scene: Scene | None = None
+
+
+Metric = Callable[[torch.Tensor, list], torch.Tensor]     # (samples [N, ...], prompts [N]) -> [N] float32
+
+
+@dataclass(frozen=True)
+class FlowTask:
+    vocab: list[int]                                      # classes per label field
+    data_shape: Callable[[object], tuple[int, ...]]       # FlowConfig -> shape of one sample
+    prompts: Callable[[int, float], tuple[list[Prompt], list[Prompt]]]   # (seed, held_out_fraction) -> (train, held-out)
+    new_model: Callable[[object], FlowModel]              # FlowConfig -> a model with random weights
+    rewards: dict[str, Metric]                            # flow.reward choices
+    metrics: dict[str, Metric]                            # evaluation metrics (gold among them)
+
+
+def labels_tensor(prompts: list[Prompt], device: torch.device) -> torch.Tensor:
+    """The label rows of prompts.   -> [N, K] long on `device`"""
+    return torch.tensor([p.labels for p in prompts], dtype=torch.long, device=device)
+
+# ---------------------------------------------------------------- shapes
+
+
+def scene_labels(scene: Scene) -> tuple[int, int, int]:
+    o = scene.objects[0]
+    return SHAPES.index(o.shape), COLOURS.index(o.colour), POSITIONS.index(o.position)
+
+
+def shape_prompts(seed: int, held_out_fraction: float) -> tuple[list[Prompt], list[Prompt]]:
+    train, held = split_scenes(seed, held_out_fraction)
+    return ([Prompt(prompt_of(s), scene_labels(s), s) for s in train],
+            [Prompt(prompt_of(s), scene_labels(s), s) for s in held])
+
+
+def _checks(images: torch.Tensor, prompts: list[Prompt]) -> list[dict]:
+    return [match(to_uint8(img), p.scene) for img, p in zip(images, prompts)]
+
+
+def _from_checks(key: Callable[[dict], float]) -> Metric:
+    def metric(images: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
+        return torch.tensor([float(key(c)) for c in _checks(images, prompts)], dtype=torch.float32,
+                            device=images.device)
+    return metric
+
+
+def colour_proxy(images: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
+    """Share of pixels within 0.5 (in [-1, 1] units, per channel) of the prompt's colour.   [N, 3, H, W] -> [N]"""
+    rgb = torch.tensor([COLOUR_RGB[p.scene.objects[0].colour] for p in prompts], dtype=torch.float32,
+                       device=images.device) / 127.5 - 1                          # [N, 3]
+    near = ((images.float().clamp(-1, 1) - rgb[:, :, None, None]).abs() <= 0.5).all(dim=1)   # [N, H, W]
+    return near.float().flatten(1).mean(dim=1)
+
+
+SHAPES_TASK = FlowTask(
+    vocab=[len(SHAPES), len(COLOURS), len(POSITIONS)],
+    data_shape=lambda fc: (3, fc.image_size, fc.image_size),
+    prompts=shape_prompts,
+    new_model=lambda fc: TinyDiT([len(SHAPES), len(COLOURS), len(POSITIONS)], image_size=fc.image_size,
+                                 patch=fc.model_patch, dim=fc.model_dim, depth=fc.model_depth),
+    rewards={"geneval": _from_checks(lambda c: c["score"]),
+             "compositional": _from_checks(lambda c: c["colour_ok"] and c["position_ok"]),
+             "colour_proxy": colour_proxy},
+    metrics={"geneval": _from_checks(lambda c: c["score"]),
+             "compositional": _from_checks(lambda c: c["colour_ok"] and c["position_ok"]),
+             "gold": _from_checks(lambda c: c["all_ok"]),
+             "colour_proxy": colour_proxy},
+)
+
+# ---------------------------------------------------------------- 2-D mixture
+
+
+def mixture_prompts(seed: int, held_out_fraction: float) -> tuple[list[Prompt], list[Prompt]]:
+    every = [Prompt(f"component {k}", (k,)) for k in range(4)]
+    return every, every                                   # four prompts: no held-out split
+
+
+def mixture_hit(points: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
+    """1 when the point's nearest component is the asked one.   [N, 2] -> [N]"""
+    mix = default_mixture(points.device)
+    asked = torch.tensor([p.labels[0] for p in prompts], device=points.device)
+    return (nearest_component(mix, points.float()) == asked).float()
+
+
+def mixture_centre(points: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
+    """exp(-distance to the asked component's mean): a graded reward.   [N, 2] -> [N]"""
+    mix = default_mixture(points.device)
+    asked = torch.tensor([p.labels[0] for p in prompts], device=points.device)
+    return torch.exp(-(points.float() - mix.means[asked]).norm(dim=1))
+
+
+MIXTURE_TASK = FlowTask(
+    vocab=[4], data_shape=lambda fc: (2,), prompts=mixture_prompts,
+    new_model=lambda fc: MLPFlow([4], dim=fc.model_dim, depth=fc.model_depth),
+    rewards={"geneval": mixture_hit, "compositional": mixture_hit, "centre": mixture_centre},
+    metrics={"compositional": mixture_hit, "gold": mixture_hit, "centre": mixture_centre},
+)
+
+TASKS: dict[str, FlowTask] = {"shapes": SHAPES_TASK, "mixture": MIXTURE_TASK}
+
+
+def diversity(samples: torch.Tensor, group_size: int) -> float:
+    """Mean per-dimension std within groups of G samples of one prompt (0: the G samples are identical).
+
+    Shape: [N, ...] with N = B * G -> float
+    """
+    flat = samples.float().flatten(1)
+    return float(flat.view(-1, group_size, flat.shape[1]).std(dim=1).mean())
