@@ -25,6 +25,8 @@ class PromptBatch:
     prompt_ids: torch.Tensor           # [B, P] long, left-padded
     prompt_mask: torch.Tensor          # [B, P] long, 1 on real tokens
     columns: dict[str, list[Any]] = field(default_factory=dict)  # every other column, B values each
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # extra forward inputs, [B, ...] each
+                                                                          # (a VLM's pixel_values [B, 3, H, W])
 
 
 @dataclass
@@ -50,6 +52,7 @@ class TrainBatch:
     sampling_logprobs: torch.Tensor | None = None   # [N, T] what the rollout sampled with (None: top-k/top-p
                                                     # filtered or greedy, not comparable with the policy's)
     beta: torch.Tensor | None = None   # [N] per-row KL coefficient (algorithm.beta_by_domain); None = algorithm.beta
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # [N, ...] extra forward inputs (pixel_values)
 
     @property
     def completion_length(self) -> int:
@@ -60,7 +63,8 @@ class TrainBatch:
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return TrainBatch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx],
                           self.advantages[idx], pick(self.old_logprobs), pick(self.ref_logprobs),
-                          pick(self.sampling_logprobs), pick(self.beta))
+                          pick(self.sampling_logprobs), pick(self.beta),
+                          {k: v[idx] for k, v in self.model_inputs.items()})
 
 
 
@@ -77,6 +81,8 @@ class Generation:
         truncated: [N] bool, True when the completion hit ``max_new_tokens`` without EOS.
         action_mask: [N, T] long or None, multi-turn episodes (grpo/rollout/multiturn.py): 1 on the
             tokens the model sampled, 0 on observation tokens fed back to it (context, never trained on).
+        model_inputs: name -> [N, ...], the prompts' extra forward inputs repeated G times (a VLM's
+            pixel_values); every forward over these rows' prompts gets them (docs/vlm.md).
     """
 
     prompt_ids: torch.Tensor
@@ -86,6 +92,7 @@ class Generation:
     sampling_logprobs: torch.Tensor
     truncated: torch.Tensor
     action_mask: torch.Tensor | None = None
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def loss_mask(self) -> torch.Tensor:

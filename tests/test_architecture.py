@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "modeling": {"config", "types", "events"},
     "rewards": {"config", "types", "algorithms", "modeling"},
     "rollout": {"config", "types", "modeling"},
-    "data": {"config", "types", "rewards"},
+    "data": {"config", "types", "rewards", "vision"},
     "state": {"config", "types", "events", "algorithms", "modeling", "data"},
     "health": {"config", "types", "state"},                         # rules read metric histories only
     "envs": {"config", "types", "rewards", "rollout", "modeling", "data"},   # environments drive the rollout

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 #: Private row key holding the prompt's token ids (rendered, length policy applied).
 IDS_KEY = "_grpo_prompt_ids"
+#: Row columns that are extra forward inputs of the prompt, not reward columns: stacked into
+#: PromptBatch.model_inputs (a VLM's image through its processor, docs/vlm.md).
+MODEL_INPUT_COLUMNS = ("pixel_values",)
 
 
 @dataclass
@@ -246,6 +249,22 @@ def tokenize_prompts(tokenizer, rows: list[dict[str, Any]], device: torch.device
     if pad_id is None:
         raise DataError("the tokenizer has neither a pad token nor an eos token to pad prompts with")
     ids, mask = left_pad(seqs, pad_id)
-    columns = {k: [r.get(k) for r in rows] for k in sorted({k for r in rows for k in r} - {"prompt", IDS_KEY})}
+    columns = {k: [r.get(k) for r in rows]
+               for k in sorted({k for r in rows for k in r} - {"prompt", IDS_KEY, *MODEL_INPUT_COLUMNS})}
     return PromptBatch(prompts=prompts, prompt_ids=ids.to(device), prompt_mask=mask.to(device),   # [B, P]
-                       columns=columns)
+                       columns=columns, model_inputs=model_inputs_of(rows, device))
+
+
+def model_inputs_of(rows: list[dict[str, Any]], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The rows' MODEL_INPUT_COLUMNS stacked on `device`: name -> [B, ...]. A column that some rows have and
+    others lack is a DataError naming the first row without it."""
+    out = {}
+    for name in MODEL_INPUT_COLUMNS:
+        have = [r.get(name) is not None for r in rows]
+        if not any(have):
+            continue
+        if not all(have):
+            raise DataError(f"prompt row {have.index(False)} has no {name!r} while other rows of its batch have one "
+                            f"(every row of a vision-language run needs its image)")
+        out[name] = torch.stack([torch.as_tensor(r[name], device=device) for r in rows])       # [B, ...]
+    return out

@@ -92,14 +92,16 @@ def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor,
 
 
 def logits_path(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int,
-                temperature: float, with_entropy: bool, entropy_grad: bool):
-    """The model's own forward (``logits_to_keep = T + 1``), log-softmax in row chunks.
+                temperature: float, with_entropy: bool, entropy_grad: bool, model_inputs: dict | None = None):
+    """The model's own forward (``logits_to_keep = T + 1``), log-softmax in row chunks. `model_inputs`:
+    extra forward inputs of the rows, [N, ...] each (a VLM's pixel_values).
 
     Shape:
         input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
     """
     out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=positions_from_mask(attention_mask), use_cache=False, logits_to_keep=T + 1)
+                position_ids=positions_from_mask(attention_mask), use_cache=False, logits_to_keep=T + 1,
+                **(model_inputs or {}))
     logits = out.logits[:, :-1, :]                                          # [N, T, V] predicts tokens P..P+T-1
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -232,22 +234,24 @@ def chunked_path(parts: tuple[torch.nn.Module, torch.nn.Module], input_ids: torc
 def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_length: int, temperature: float = 1.0,
                         with_entropy: bool = False, entropy_grad: bool = False,
-                        chunk_size: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        chunk_size: int = 0, model_inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(o_t | q, o_<t) for the last `completion_length` tokens of each row.
 
     The logits are divided by the sampling temperature (as during rollout) when temperature > 0.
     ``with_entropy`` adds the token entropy without autograd (metrics); ``entropy_grad`` adds it
     with autograd (entropy bonus in the loss) and implies ``with_entropy``. ``chunk_size`` is the
     number of tokens per LM-head chunk (0 = about 32 MiB of float32 logits per chunk). Positions
-    whose attention mask is 0 (padding after EOS) get 0 on the chunked path.
+    whose attention mask is 0 (padding after EOS) get 0 on the chunked path. ``model_inputs`` (name ->
+    [N, ...], a VLM's pixel_values) go to the model's own forward: rows with them take the logits path
+    (the chunked path's backbone and shared prompts know only token ids).
 
     Shape:
         input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
     """
-    parts = split_model(model)
+    parts = None if model_inputs else split_model(model)
     if parts is None:
         return logits_path(model, input_ids, attention_mask, completion_length, temperature, with_entropy,
-                           entropy_grad)
+                           entropy_grad, model_inputs)
     return chunked_path(parts, input_ids, attention_mask, completion_length, temperature, with_entropy,
                         entropy_grad, chunk_size)
 
@@ -263,13 +267,15 @@ def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_length: int, temperature: float = 1.0, micro_batch_size: int = 0,
-                   chunk_size: int = 0, max_tokens: int = 0, with_entropy: bool = False):
+                   chunk_size: int = 0, max_tokens: int = 0, with_entropy: bool = False,
+                   model_inputs: dict | None = None):
     """Log-probs without autograd (old policy, reference), micro-batch by micro-batch; with
     `with_entropy`, also the entropy of the policy at each completion token (same pass, same budget).
 
     Micro-batches are those of the update (:func:`bucketed_micro_batches`: rows of similar length,
     at most `micro_batch_size` rows and `max_tokens` padded tokens each), so each trims its own
-    padding; the result is in the original row order. Under autocast (`train.precision`) a frozen
+    padding; the result is in the original row order. `model_inputs` (name -> [N, ...]) are cut into
+    the same micro-batches. Under autocast (`train.precision`) a frozen
     model's linear weights are cast once for the whole pass (:func:`grpo.modeling.precision.cast_frozen_linears`).
 
     Shape: [N, P + T] -> [N, T] (and entropy [N, T] with `with_entropy`)
@@ -283,7 +289,8 @@ def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         with cast_frozen_linears(model, input_ids.device):               # autocast: frozen weights cast once
             for idx in bucketed_micro_batches(attention_mask, micro_batch_size, max_tokens):
                 logp, entropy = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length,
-                                                    temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+                                                    temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+                                                    model_inputs={k: v[idx] for k, v in (model_inputs or {}).items()})
                 out[idx] = logp.float()
                 if with_entropy:
                     ent[idx] = entropy.float()

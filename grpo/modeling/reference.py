@@ -36,10 +36,11 @@ class FrozenCopy:
         if storage_dtype is not None:           # train.precision bf16/fp16: linears kept in autocast's dtype
             store_frozen_linears(self.model, storage_dtype)
 
-    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0):
+    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0,
+                 model_inputs=None):
         """Shape: [N, P + T] -> [N, T]."""
         return fixed_logprobs(self.model, input_ids, attention_mask, completion_length, temperature,
-                              micro_batch_size, max_tokens=max_tokens)
+                              micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs)
 
     def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
         mix_parameters(self.model, policy, alpha)
@@ -51,11 +52,12 @@ class AdapterDisabled:
     def __init__(self, policy: torch.nn.Module):
         self.policy = policy
 
-    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0):
+    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0,
+                 model_inputs=None):
         """Shape: [N, P + T] -> [N, T]."""
         with self.policy.disable_adapter():
             return fixed_logprobs(self.policy, input_ids, attention_mask, completion_length, temperature,
-                                  micro_batch_size, max_tokens=max_tokens)
+                                  micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs)
 
     def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
         raise ValueError("algorithm.ref_update_steps needs full fine-tuning: with LoRA the reference is "

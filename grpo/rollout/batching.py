@@ -20,7 +20,8 @@ def select_rows(gen: Generation, index: torch.Tensor) -> Generation:
     return Generation(prompt_ids=gen.prompt_ids[index], prompt_mask=gen.prompt_mask[index],
                       completion_ids=gen.completion_ids[index, :width], completion_mask=mask[:, :width],
                       sampling_logprobs=gen.sampling_logprobs[index, :width], truncated=gen.truncated[index],
-                      action_mask=None if gen.action_mask is None else gen.action_mask[index, :width])
+                      action_mask=None if gen.action_mask is None else gen.action_mask[index, :width],
+                      model_inputs={k: v[index.to(v.device)] for k, v in gen.model_inputs.items()})
 
 
 def _pad_to(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
@@ -43,4 +44,5 @@ def concat_generations(gens: list[Generation], pad_token_id: int) -> Generation:
         sampling_logprobs=cat(lambda g: _pad_to(g.sampling_logprobs, T, 0.0, left=False)),
         truncated=cat(lambda g: g.truncated),
         action_mask=None if all(g.action_mask is None for g in gens) else cat(
-            lambda g: _pad_to(g.completion_mask if g.action_mask is None else g.action_mask, T, 0, left=False)))
+            lambda g: _pad_to(g.completion_mask if g.action_mask is None else g.action_mask, T, 0, left=False)),
+        model_inputs={k: torch.cat([g.model_inputs[k] for g in gens]) for k in gens[0].model_inputs})

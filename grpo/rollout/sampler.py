@@ -128,8 +128,10 @@ def _last_logits(model, **inputs) -> tuple[torch.Tensor, object]:
     return out.logits[:, -1, :], out.past_key_values  # [n, V]
 
 
-def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, model_inputs: dict | None = None):
     """Run the B prompts once through the model's own forward: next-token logits and its cache.
+    `model_inputs`: extra forward inputs of the prompts, [B, ...] each (a VLM's pixel_values); only the
+    prefill sees them: the decode steps read the image through the cache.
 
     Shape:
         prompt_ids, prompt_mask: [B, P] -> logits [B, V], cache of batch B
@@ -140,6 +142,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
         attention_mask=prompt_mask,
         position_ids=positions_from_mask(prompt_mask),  # [B, P]
         past_key_values=None,  # the model builds the cache type it needs (DynamicCache)
+        **(model_inputs or {}),
     )
 
 
@@ -200,7 +203,8 @@ class LeanDecoding:
 
 
 def prefill_shared(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
-                   max_new_tokens: int, lean: bool = True) -> tuple[torch.Tensor, HFDecoding | LeanDecoding]:
+                   max_new_tokens: int, lean: bool = True,
+                   model_inputs: dict | None = None) -> tuple[torch.Tensor, HFDecoding | LeanDecoding]:
     """Run the B prompts once and set up decoding of G samples each (row i*G+g).
 
     The lean decoder is used when ``lean`` and :func:`~grpo.modeling.decoder.lean_decoder` supports
@@ -209,7 +213,7 @@ def prefill_shared(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n
     Shape:
         prompt_ids, prompt_mask: [B, P] -> logits [B*G, V], decoding state of B*G rows
     """
-    logits, cache = prefill(model, prompt_ids, prompt_mask)  # [B, V]
+    logits, cache = prefill(model, prompt_ids, prompt_mask, model_inputs)  # [B, V]
     decoder = lean_decoder(model) if lean else None
     if decoder is not None:
         decoding = LeanDecoding(decoder, decoder.start(cache, prompt_mask, num_generations, max_new_tokens))
@@ -236,7 +240,8 @@ def sampling_mode(model):
 
 
 def start_rows(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
-               max_new_tokens: int, seed: int, prompt_index: torch.Tensor | None, lean: bool, device):
+               max_new_tokens: int, seed: int, prompt_index: torch.Tensor | None, lean: bool, device,
+               model_inputs: dict | None = None):
     """Prefill the prompts and key the N = B * G rows (:func:`prefill_shared`, grpo/rollout/keyed.py).
 
     Shape:
@@ -244,7 +249,8 @@ def start_rows(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_g
         running rows [N], row keys [N])
     """
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()  # [B, P]
-    logits, decoding = prefill_shared(model, prompt_ids, prompt_mask, num_generations, max_new_tokens, lean)
+    logits, decoding = prefill_shared(model, prompt_ids, prompt_mask, num_generations, max_new_tokens, lean,
+                                      {k: v.to(device) for k, v in (model_inputs or {}).items()})
     running = torch.arange(prompt_ids.size(0) * num_generations, device=device)  # [N] row of each running sequence
     if prompt_index is None:
         prompt_index = torch.arange(prompt_ids.size(0), device=device)  # [B]
@@ -277,6 +283,7 @@ def sample(
     seed: int = 0,
     prompt_index: torch.Tensor | None = None,
     lean: bool = True,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> Generation:
     """Sample ``num_generations`` completions for each left-padded prompt (see module docstring).
 
@@ -287,13 +294,16 @@ def sample(
     The model is put in eval mode while sampling and its training flag is restored afterwards.
     ``lean=False`` forces the model's own forward for decoding (the reference the lean decoder of
     :mod:`grpo.modeling.decoder` is tested against); tokens are the same either way.
+    ``model_inputs`` (name -> [B, ...], e.g. a VLM's pixel_values) go with the prompts into the prefill and
+    come back in the Generation repeated G times.
 
     Shape:
         prompt_ids, prompt_mask: [B, P], prompt_index: [B] long -> Generation with N = B * num_generations rows
     """
     with sampling_mode(model) as device:
         prompt_ids, prompt_mask, logits, decoding, running, keys = start_rows(
-            model, prompt_ids, prompt_mask, num_generations, max_new_tokens, seed, prompt_index, lean, device)
+            model, prompt_ids, prompt_mask, num_generations, max_new_tokens, seed, prompt_index, lean, device,
+            model_inputs)
         n_rows = running.numel()
         block = None  # [n, UNIFORM_BLOCK] uniforms of the running rows for the current block of steps
         completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
@@ -325,4 +335,6 @@ def sample(
         completion_mask=completion_mask,
         sampling_logprobs=logprobs[:, :steps] * completion_mask,  # [N, T]
         truncated=~ended_with_eos,  # [N]
+        model_inputs={k: v.to(device).repeat_interleave(num_generations, dim=0)  # [N, ...]
+                      for k, v in (model_inputs or {}).items()},
     )

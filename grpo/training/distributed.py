@@ -143,9 +143,9 @@ class LogprobForward(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, T: int, temperature: float, with_entropy: bool,
-                entropy_grad: bool, chunk_size: int):
+                entropy_grad: bool, chunk_size: int, model_inputs=None):
         return completion_logprobs(self.model, input_ids, attention_mask, T, temperature, with_entropy=with_entropy,
-                                   entropy_grad=entropy_grad, chunk_size=chunk_size)
+                                   entropy_grad=entropy_grad, chunk_size=chunk_size, model_inputs=model_inputs)
 
 
 class FrozenOptimizerState:
@@ -172,8 +172,10 @@ class Parallel:
     names: list[str] = field(default_factory=list)   # FQNs of the trainable parameters (FSDP2 optimizer state)
 
     # ---- the update
-    def forward(self, input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size):
-        return self.wrapped(input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size)
+    def forward(self, input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size,
+                model_inputs=None):
+        return self.wrapped(input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size,
+                            model_inputs=model_inputs)
 
     def reduce(self, values: list[float]) -> list[float]:
         return all_reduce_sum(values)

@@ -97,7 +97,8 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index:
         gen = sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
                      max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
                      top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed)  # [B*k, T]
+                     pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed,
+                     model_inputs=prompts.model_inputs)                                     # [B*k, T]
     sample_s = time.perf_counter() - t0
     completions = decode_completions(tokenizer, gen)
     per_prompt = repeat_each(prompts.prompts, k)
@@ -200,10 +201,12 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     attention_mask = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)        # [N, P + T]
     T, mask = gen.completion_ids.shape[1], gen.loss_mask.float()        # [N, T] observation tokens: context only
     budget = micro_batch_tokens(cfg.train.micro_batch_tokens, model) if max_tokens is None else max_tokens
-    ref = (reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget)
+    extra = gen.model_inputs                                 # [N, ...] e.g. a VLM's pixel_values, with every forward
+    ref = (reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget, model_inputs=extra)
            if reference is not None else None)
     needs_old = algo.num_iterations > 1 or (algo.kl_in == "reward" and ref is not None)
-    old = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget) if needs_old else None
+    old = (fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget, model_inputs=extra)
+           if needs_old else None)
     total = groups.total
     row_beta = (domain_betas(groups.columns.get(algo.domain_column, [None] * total.numel()), algo.beta_by_domain,
                              algo.beta, total.device) if algo.beta_by_domain else None)   # [N] per-domain beta
@@ -236,7 +239,7 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
         metrics["completion/overlong_filtered"] = float(gen.truncated.sum())
     if algo.top_entropy_rho < 1:                         # train on the highest-entropy tokens only
         entropy = fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget,
-                                 with_entropy=True)[1]                   # [N, T] within the token budget
+                                 with_entropy=True, model_inputs=extra)[1]                   # [N, T] within the token budget
         mask = top_entropy_mask(entropy, mask, algo.top_entropy_rho)
     comparable = ro.temperature > 0 and ro.top_k == 0 and ro.top_p >= 1.0   # the sampler's own distribution
     sampled = gen.sampling_logprobs if comparable else None                 # [N, T]
@@ -245,6 +248,6 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     if algo.num_iterations == 1:
         old = None                                       # pi_old = pi_theta.detach() in the update
     batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref, sampled,
-                       None if row_beta is None else row_beta.to(input_ids.device))
+                       None if row_beta is None else row_beta.to(input_ids.device), extra)
     scored = Scored(names=[n for n, _ in rewards], per_function=groups.per_function, total=total, errors=groups.errors)
     return Experience(batch, groups, scored, adv, metrics)

@@ -114,3 +114,17 @@ def check_run(cfg: Config, model: torch.nn.Module, tokenizer: Any, rows: list[di
     check_vocabulary(model, tokenizer)
     check_positions(model, cfg.rollout.max_new_tokens, longest_prompt(rows))
     check_sampling(cfg)
+    check_images(model, rows)
+
+
+def check_images(model: torch.nn.Module, rows: list[dict[str, Any]]) -> None:
+    """A vision-language model (grpo.modeling.vlm.is_vlm) needs every prompt's image as ``pixel_values``
+    (grpo.modeling.vlm.vision_rows makes them): without it the placeholders would silently be read as text."""
+    from grpo.modeling.vlm import is_vlm
+
+    if not is_vlm(model):
+        return
+    missing = next((i for i, r in enumerate(rows) if r.get("pixel_values") is None), None)
+    if missing is not None:
+        raise ValueError(f"prompt row {missing} has no 'pixel_values' but the model is a vision-language model: "
+                         f"pass each row's image through grpo.modeling.vlm.vision_rows (docs/vlm.md)")

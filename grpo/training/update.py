@@ -111,9 +111,10 @@ class SingleProcess:
     def __init__(self, model: torch.nn.Module):
         self.policy = model
 
-    def forward(self, input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size):
+    def forward(self, input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size,
+                model_inputs=None):
         return completion_logprobs(self.policy, input_ids, attention_mask, T, temperature, with_entropy=with_entropy,
-                                   entropy_grad=entropy_grad, chunk_size=chunk_size)
+                                   entropy_grad=entropy_grad, chunk_size=chunk_size, model_inputs=model_inputs)
 
     def no_sync(self, last: bool):
         return contextlib.nullcontext()
@@ -181,7 +182,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
             mb = batch.rows(rows)
             with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end
                 logp, entropy = par.forward(mb.input_ids, mb.attention_mask, T, temperature, True,
-                                            algo.entropy_coef > 0, logprob_chunk_size)  # [n, T]
+                                            algo.entropy_coef > 0, logprob_chunk_size,
+                                            model_inputs=mb.model_inputs)  # [n, T]; a VLM's pixel_values too
                 old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
                 terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
                                   epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,

@@ -64,7 +64,7 @@ def _with_rows(gen: Generation, rows: list[int], ids: list[list[int]], pad: int,
             action[row] = cmask[row]
     if logp is not None:                                   # the policy's own log-probs of the injected rows
         slp[rows] = (logp * cmask[rows]).to(slp.dtype)
-    return Generation(gen.prompt_ids, gen.prompt_mask, cids, cmask, slp, trunc, action)
+    return Generation(gen.prompt_ids, gen.prompt_mask, cids, cmask, slp, trunc, action, gen.model_inputs)
 
 
 def guided_error_correction(model, tokenizer, gen: Generation, completions: list[str], prompts: list, columns: dict,
