@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from grpo.cli.evaluation import add_parser as add_eval_parser
+from grpo.cli.flow import add_parser as add_flow_parser
 from grpo.cli.pipeline import add_parser as add_pipeline_parser
 from grpo.cli.report import add_parser as add_report_parser
 from grpo.cli.reward_model import add_parser as add_reward_model_parser
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reward_model_parser(sub)
     add_pipeline_parser(sub)
     add_report_parser(sub)
+    add_flow_parser(sub)
 
     p = sub.add_parser("presets", help="Print every algorithm preset (paper and settings).")
     p.set_defaults(func=cmd_presets)

@@ -48,6 +48,8 @@ class FlowConfig:
     window_size: int = _f(2, "flow_grpo_fast / mix_grpo: SDE steps in the window.")
     window_shift_every: int = _f(10, "mix_grpo: training steps between shifts of the window by one step.")
     train_fraction: float = _f(0.6, "dance_grpo: share of the SDE steps trained.")
+    split_seed: int = _f(0, "Seed of the train / held-out split of the prompts (the base model was pre-trained on "
+                         "the training prompts of split 0).")
     held_out_fraction: float = _f(0.25, "Share of the prompts held out of training (and of pre-training).")
     eval_samples: int = _f(4, "Images per held-out prompt at evaluation.")
     eval_every: int = _f(0, "Evaluate the held-out prompts every this many steps (0 = never during training).")

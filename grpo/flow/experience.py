@@ -33,7 +33,7 @@ class PromptStream:
 
     def _order(self) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-        return torch.randperm(len(self.prompts), generator=g).tolist()
+        return torch.randperm(len(self.prompts), generator=g, device="cpu").tolist()   # host-side order
 
     def next_batch(self, n: int) -> list[Prompt]:
         out = []

@@ -110,7 +110,7 @@ def _run(cfg: Config, task: FlowTask, model: FlowModel | None, callbacks: Callba
     seed_everything(tc.seed)
     device = torch.device("cpu") if model is None else next(model.parameters()).device
     model = load_model(cfg, task, device) if model is None else model
-    train_prompts, held_out = task.prompts(tc.seed, fc.held_out_fraction)
+    train_prompts, held_out = task.prompts(fc.split_seed, fc.held_out_fraction)
     reference = frozen_copy(model) if VARIANTS[fc.variant].kl else None
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * fc.updates_per_step)
     state = TrainState(model, LabelVocab(fc.task, task.vocab), optimizer, scheduler, reference,

@@ -52,9 +52,9 @@ class FlowLossTerms:
     pairs: float             # pairs in the micro-batch
 
 
-def pair_normalizer(num_pairs: int) -> float:
+def pair_normalizer(num_pairs: int, device: torch.device) -> float:
     """The token-mean normaliser over all trained (sample, step) pairs of the optimizer step."""
-    mask = torch.ones(num_pairs, 1)
+    mask = torch.ones(num_pairs, 1, device=device)
     return AGGREGATIONS["token-mean"].normalizer(mask, 1)
 
 

@@ -6,7 +6,7 @@
 Only the training prompts of the split are seen, so held-out prompts are compositional generalisation.
 Deterministic for a seed and a thread count:
 
-    python -m grpo.flow.pretrain --out grpo/assets/shapes-flow --steps 400 --seed 0 --threads 2
+    python -m grpo.flow.pretrain --out grpo/assets/shapes-flow --steps 1500 --seed 0 --threads 1 --depth 3
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def training_set(prompts, variants: int, size: int, seed: int, device: torch.dev
 
 
 def pretrain(model: FlowModel, images: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: int, lr: float,
-             seed: int, p_drop: float = 0.1, log_every: int = 50) -> list[float]:
-    """AdamW on the flow-matching loss; returns the loss of every step."""
+             seed: int, p_drop: float = 0.1, log_every: int = 50, on_save=None, save_every: int = 0) -> list[float]:
+    """AdamW on the flow-matching loss; returns the loss of every step (`on_save(step)` every `save_every` steps)."""
     device = images.device
     g = torch.Generator(device=device).manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -69,7 +69,9 @@ def pretrain(model: FlowModel, images: torch.Tensor, labels: torch.Tensor, steps
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
+        if on_save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            on_save(step + 1)
         if log_every and (step + 1) % log_every == 0:
             print(f"step {step + 1}/{steps} loss {np.mean(losses[-log_every:]):.4f}", flush=True)
     return losses
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patch", type=int, default=4)
     p.add_argument("--label-drop", dest="label_drop", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default).")
+    p.add_argument("--save-every", dest="save_every", type=int, default=0,
+                   help="Also save OUT/step-N every N steps (to pick a calibration).")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         model = TinyDiT(SHAPES_TASK.vocab, image_size=args.image_size, patch=args.patch, dim=args.dim,
                         depth=args.depth)
     start = time.perf_counter()
-    losses = pretrain(model, images, labels, args.steps, args.batch_size, args.lr, args.seed, args.label_drop)
-    wall = time.perf_counter() - start
     out = Path(args.out)
+    losses = pretrain(model, images, labels, args.steps, args.batch_size, args.lr, args.seed, args.label_drop,
+                      on_save=lambda s: model.save_pretrained(out / f"step-{s}"), save_every=args.save_every)
+    wall = time.perf_counter() - start
     model.save_pretrained(out)
     (out / "pretrain.json").write_text(json.dumps({"args": vars(args), "wall_s": round(wall, 1),
                                                    "final_loss": float(np.mean(losses[-50:]))}, indent=1))

@@ -57,7 +57,7 @@ def optimizer_step(policy, reference, optimizer, scheduler, exp: FlowExperience,
     """One optimizer step over the pairs (rows, steps), micro-batched."""
     velocity = guided(policy, fc.guidance_scale)
     ref_velocity = guided(reference, fc.guidance_scale) if reference is not None else None
-    normalizer = pair_normalizer(rows.numel())
+    normalizer = pair_normalizer(rows.numel(), rows.device)
     optimizer.zero_grad(set_to_none=True)
     loss = policy_loss = kl_sum = clipped = dev = 0.0
     for lo in range(0, rows.numel(), fc.micro_batch_size):
