@@ -1,0 +1,46 @@
+"""Rewards and metrics of the shapes task on rendered images: the exact render scores 1 everywhere, an
+image painted in the prompt's colour games the proxy but not the gold metric, a wrong colour fails."""
+
+import torch
+
+from grpo.flow.tasks import SHAPES_TASK, diversity, mixture_hit, Prompt
+from grpo.vision.shapes import COLOUR_RGB, render, to_tensor
+
+
+def test_the_exact_render_passes_every_check():
+    train, held = SHAPES_TASK.prompts(0, 0.25)
+    assert len(train) == 36 and len(held) == 12
+    assert not {p.text for p in train} & {p.text for p in held}
+    ps = held[:4]
+    images = torch.stack([to_tensor(render(p.scene), "cpu") for p in ps])
+    for name in ("geneval", "compositional", "gold"):
+        assert SHAPES_TASK.metrics[name](images, ps).tolist() == [1.0] * 4, name
+
+
+def test_a_painted_image_games_the_proxy_but_not_the_gold_metric():
+    p = SHAPES_TASK.prompts(0, 0.25)[1][0]
+    rgb = torch.tensor(COLOUR_RGB[p.scene.objects[0].colour], dtype=torch.float32) / 127.5 - 1
+    painted = rgb.view(1, 3, 1, 1).expand(1, 3, 16, 16).clone()
+    exact = to_tensor(render(p.scene), "cpu")[None]
+    proxy, gold = SHAPES_TASK.metrics["colour_proxy"], SHAPES_TASK.metrics["gold"]
+    assert proxy(painted, [p]).item() == 1.0 and gold(painted, [p]).item() == 0.0
+    assert 0.05 < proxy(exact, [p]).item() < 0.3 and gold(exact, [p]).item() == 1.0
+
+
+def test_a_wrong_colour_fails_compositional():
+    p = SHAPES_TASK.prompts(0, 0.25)[1][0]
+    other = next(c for c in COLOUR_RGB if c != p.scene.objects[0].colour)
+    from grpo.vision.shapes import Obj, Scene
+
+    wrong = Scene((Obj(p.scene.objects[0].shape, other, p.scene.objects[0].position),))
+    img = to_tensor(render(wrong), "cpu")[None]
+    assert SHAPES_TASK.metrics["compositional"](img, [p]).item() == 0.0
+    assert SHAPES_TASK.rewards["geneval"](img, [p]).item() == 0.75     # count, position and shape right
+
+
+def test_mixture_reward_and_diversity():
+    pts = torch.tensor([[2.0, 2.1], [-2.0, -2.0]])
+    assert mixture_hit(pts, [Prompt("c0", (0,)), Prompt("c0", (0,))]).tolist() == [1.0, 0.0]
+    # groups of 2: identical pair -> 0; [0, 2] -> unbiased std sqrt(2)
+    x = torch.tensor([[1.0], [1.0], [0.0], [2.0]])
+    assert abs(diversity(x, 2) - 2 ** 0.5 / 2) < 1e-6
