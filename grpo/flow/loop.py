@@ -79,10 +79,18 @@ def check_flow_config(cfg: Config) -> FlowTask:
     return task
 
 
+def model_dir(path: str) -> Path:
+    """flow.model as a directory: as given, or (the default grpo/assets/shapes-flow) relative to the
+    installed package's parent, so the embedded base model is found from any working directory."""
+    given = Path(path).expanduser()
+    packaged = Path(__file__).resolve().parents[2] / path
+    return given if given.is_dir() or given.is_absolute() or not packaged.is_dir() else packaged
+
+
 def load_model(cfg: Config, task: FlowTask, device: torch.device) -> FlowModel:
     """flow.model (a directory), or a new model of the task with flow.model_* sizes (seeded by train.seed)."""
     if cfg.flow.model:
-        return load_flow_model(cfg.flow.model, device)
+        return load_flow_model(model_dir(cfg.flow.model), device)
     torch.manual_seed(cfg.train.seed)
     with torch.device(device):
         return task.new_model(cfg.flow)

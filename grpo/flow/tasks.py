@@ -8,12 +8,15 @@ new model for it, reward functions (`flow.reward` picks the training one) and ev
   GenEval-like (colour / position / shape / count):
     - reward ``geneval``: the mean of count_ok, colour_ok, position_ok, shape_ok (graded);
     - reward ``compositional`` and metric ``compositional``: colour_ok and position_ok (the demo's measure);
-    - metric ``gold``: all_ok, exactly the scene (one object, right colour and shape in the right place),
-      never a training reward, so a reward that can be gamed shows as gold falling;
+    - metric ``gold``: exactly one object, of the right colour, in the right place (count_ok, colour_ok and
+      position_ok), never a training reward, so a reward that can be gamed (extra blobs, painted
+      backgrounds) shows as gold falling; metric ``exact``: all_ok, the scene with its shape too (strict:
+      the shape guess of 16 x 16 samples is rarely right);
     - reward ``colour_proxy``: the share of the image's pixels near the prompt's colour, a proxy that
       is hacked by painting everything in that colour (the beta test's reward).
 * ``mixture``: the 2-D Gaussian mixture of grpo/flow/mixture.py, a label asks for a component; reward
-  1 when the point's nearest component is the asked one (the test bed of the loop).
+  1 when the point's nearest component is the asked one (the test bed of the loop), and the hackable
+  proxy ``rightward`` (the x coordinate, whatever was asked) whose optimum leaves the asked component.
 """
 
 from __future__ import annotations
@@ -97,7 +100,8 @@ SHAPES_TASK = FlowTask(
              "colour_proxy": colour_proxy},
     metrics={"geneval": _from_checks(lambda c: c["score"]),
              "compositional": _from_checks(lambda c: c["colour_ok"] and c["position_ok"]),
-             "gold": _from_checks(lambda c: c["all_ok"]),
+             "gold": _from_checks(lambda c: c["count_ok"] and c["colour_ok"] and c["position_ok"]),
+             "exact": _from_checks(lambda c: c["all_ok"]),
              "colour_proxy": colour_proxy},
 )
 
@@ -123,11 +127,16 @@ def mixture_centre(points: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
     return torch.exp(-(points.float() - mix.means[asked]).norm(dim=1))
 
 
+def rightward(points: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
+    """The point's x coordinate, whatever was asked: a proxy that is hacked by moving everything right.  [N, 2] -> [N]"""
+    return points[:, 0].float()
+
+
 MIXTURE_TASK = FlowTask(
     vocab=[4], data_shape=lambda fc: (2,), prompts=mixture_prompts,
     new_model=lambda fc: MLPFlow([4], dim=fc.model_dim, depth=fc.model_depth),
-    rewards={"geneval": mixture_hit, "compositional": mixture_hit, "centre": mixture_centre},
-    metrics={"compositional": mixture_hit, "gold": mixture_hit, "centre": mixture_centre},
+    rewards={"geneval": mixture_hit, "compositional": mixture_hit, "centre": mixture_centre, "rightward": rightward},
+    metrics={"compositional": mixture_hit, "gold": mixture_hit, "centre": mixture_centre, "rightward": rightward},
 )
 
 TASKS: dict[str, FlowTask] = {"shapes": SHAPES_TASK, "mixture": MIXTURE_TASK}

@@ -13,7 +13,7 @@ def test_the_exact_render_passes_every_check():
     assert not {p.text for p in train} & {p.text for p in held}
     ps = held[:4]
     images = torch.stack([to_tensor(render(p.scene), "cpu") for p in ps])
-    for name in ("geneval", "compositional", "gold"):
+    for name in ("geneval", "compositional", "gold", "exact"):
         assert SHAPES_TASK.metrics[name](images, ps).tolist() == [1.0] * 4, name
 
 
