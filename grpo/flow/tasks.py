@@ -89,6 +89,25 @@ def colour_proxy(images: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
     return near.float().flatten(1).mean(dim=1)
 
 
+def placement(images: torch.Tensor, prompts: list[Prompt], on_level: float = 96 / 127.5 - 1,
+              min_pixels: int = 8) -> torch.Tensor:
+    """Share of the lit pixels that are in the asked quadrant and nearest to the asked colour, times
+    min(1, those pixels / min_pixels): dense, and extra blobs anywhere else lower it.   [N, 3, H, W] -> [N]"""
+    x = images.float().clamp(-1, 1)
+    n, _, h, w = x.shape
+    lit = x.amax(dim=1) >= on_level                                              # [N, H, W]
+    table = torch.tensor([COLOUR_RGB[c] for c in COLOURS], dtype=torch.float32, device=x.device) / 127.5 - 1
+    nearest = torch.cdist(x.permute(0, 2, 3, 1).reshape(n, -1, 3), table[None].expand(n, -1, -1)).argmin(-1)
+    asked_colour = torch.tensor([COLOURS.index(p.scene.objects[0].colour) for p in prompts], device=x.device)
+    rows = torch.arange(h, device=x.device)[:, None] >= h // 2                   # [H, 1] bottom half
+    cols = torch.arange(w, device=x.device)[None, :] >= w // 2                   # [1, W] right half
+    quadrant = torch.stack([(rows == (p.scene.objects[0].position.startswith("bottom")))
+                            & (cols == p.scene.objects[0].position.endswith("right")) for p in prompts])   # [N, H, W]
+    good = lit & quadrant & (nearest.view(n, h, w) == asked_colour[:, None, None])
+    share = good.flatten(1).sum(1) / lit.flatten(1).sum(1).clamp(min=1)
+    return share * (good.flatten(1).sum(1).float() / min_pixels).clamp(max=1)
+
+
 SHAPES_TASK = FlowTask(
     vocab=[len(SHAPES), len(COLOURS), len(POSITIONS)],
     data_shape=lambda fc: (3, fc.image_size, fc.image_size),
@@ -97,11 +116,11 @@ SHAPES_TASK = FlowTask(
                                  patch=fc.model_patch, dim=fc.model_dim, depth=fc.model_depth),
     rewards={"geneval": _from_checks(lambda c: c["score"]),
              "compositional": _from_checks(lambda c: c["colour_ok"] and c["position_ok"]),
-             "colour_proxy": colour_proxy},
+             "placement": placement, "colour_proxy": colour_proxy},
     metrics={"geneval": _from_checks(lambda c: c["score"]),
              "compositional": _from_checks(lambda c: c["colour_ok"] and c["position_ok"]),
              "gold": _from_checks(lambda c: c["count_ok"] and c["colour_ok"] and c["position_ok"]),
-             "exact": _from_checks(lambda c: c["all_ok"]),
+             "exact": _from_checks(lambda c: c["all_ok"]), "placement": placement,
              "colour_proxy": colour_proxy},
 )
 

@@ -44,3 +44,15 @@ def test_mixture_reward_and_diversity():
     # groups of 2: identical pair -> 0; [0, 2] -> unbiased std sqrt(2)
     x = torch.tensor([[1.0], [1.0], [0.0], [2.0]])
     assert abs(diversity(x, 2) - 2 ** 0.5 / 2) < 1e-6
+
+
+def test_placement_rewards_the_asked_quadrant_and_colour_only():
+    from grpo.flow.tasks import placement
+
+    ps = SHAPES_TASK.prompts(0, 0.25)[1][:6]
+    exact = torch.stack([to_tensor(render(p.scene), "cpu") for p in ps])
+    assert placement(exact, ps).tolist() == [1.0] * 6
+    assert placement(exact.roll(8, dims=3), ps).tolist() == [0.0] * 6         # moved to the other column
+    assert placement(-torch.ones_like(exact), ps).tolist() == [0.0] * 6       # nothing lit
+    doubled = torch.maximum(exact, exact.roll(8, dims=2))                       # a copy in the other row too
+    assert placement(doubled, ps).tolist() == [0.5] * 6
