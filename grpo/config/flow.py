@@ -19,7 +19,7 @@ def _f(default: Any, help: str) -> Any:
 class FlowConfig:
     task: str = _f("shapes", "Prompt world and rewards: shapes (16x16 images of shape x colour x position, "
                    "grpo/flow/shapes_task.py) | mixture (2-D Gaussian mixture, the test bed).")
-    model: str = _f("grpo/assets/shapes-flow", "Flow model directory (config.json + model.safetensors); empty = a "
+    model: str | None = _f("grpo/assets/shapes-flow", "Flow model directory (config.json + model.safetensors); empty = a "
                     "new model of flow.model_dim/model_depth/model_patch (random weights).")
     reward: str = _f("geneval", "Training reward: geneval (colour, position, shape, count checks) | "
                      "compositional (colour and position) | colour_proxy (share of pixels near the prompt's "
