@@ -24,7 +24,7 @@ DEMO_CONFIG: dict[str, dict[str, Any]] = {
     "rollout": {"num_generations": 8},
     "optim": {"lr": 5e-4, "warmup_steps": 3, "max_grad_norm": 1.0},
     # one thread: a 0.2M-parameter model gains nothing from a second one, and on a shared machine two thrash
-    "train": {"max_steps": 60, "save_steps": 0, "num_threads": 1},
+    "train": {"max_steps": 40, "save_steps": 0, "num_threads": 1},
 }
 SHOWN_SAMPLES = 4                # images per prompt in the grids
 
