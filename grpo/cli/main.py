@@ -127,17 +127,19 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join(["grpo", *kept, "--resume"])
 
 
+#: `grpo demo --task NAME` -> (module, function, default output directory).
+DEMOS = {"arithmetic": ("grpo.cli.demo", "run_demo", "runs/demo"),
+         "calculator": ("grpo.cli.demo_calculator", "run_calculator_demo", "runs/demo-calculator"),  # tool use
+         "shapes-vqa": ("grpo.cli.demo_shapes_vqa", "run_shapes_vqa_demo", "runs/demo-shapes-vqa")}  # docs/vlm.md
+
+
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
-    if args.task == "calculator":                       # the agentic demo: multi-turn episodes with a tool
-        from grpo.cli.demo_calculator import run_calculator_demo
+    import importlib
 
-        run_calculator_demo(args.out or "runs/demo-calculator", steps=args.steps, eval_problems=args.eval_problems,
-                            seed=args.seed, overrides=parse_overrides(extra))
-        return 0
-    from grpo.cli.demo import run_demo
-
-    run_demo(args.out or "runs/demo", steps=args.steps, eval_problems=args.eval_problems, seed=args.seed,
-             overrides=parse_overrides(extra))
+    module, function, default_out = DEMOS[args.task]
+    run = getattr(importlib.import_module(module), function)
+    run(args.out or default_out, steps=args.steps, eval_problems=args.eval_problems, seed=args.seed,
+        overrides=parse_overrides(extra))
     return 0
 
 
@@ -201,9 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="Evaluate the base policy, run GRPO, evaluate again (embedded task).",
                        epilog="Extra --section.key VALUE options override the demo's training config.")
-    p.add_argument("--out", default=None, help="Output directory (default: runs/demo, or runs/demo-calculator).")
-    p.add_argument("--task", choices=["arithmetic", "calculator"], default="arithmetic",
-                   help="arithmetic (default) | calculator: multi-turn episodes with a calc() tool (docs/agents.md).")
+    p.add_argument("--out", default=None, help="Output directory (default: runs/demo, runs/demo-calculator or runs/demo-shapes-vqa).")
+    p.add_argument("--task", choices=list(DEMOS), default="arithmetic",
+                   help="arithmetic (default) | calculator: multi-turn episodes with a calc() tool (docs/agents.md) "
+                        "| shapes-vqa: GRPO on a tiny vision-language model answering questions about images (docs/vlm.md).")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's setting).")
     p.add_argument("--eval-problems", dest="eval_problems", type=int, default=256,
                    help="Held-out problems evaluated before and after (default: 256).")

@@ -74,14 +74,15 @@ def evaluate(model, tokenizer, rows: list[dict], temperature: float = 0.0, num_g
 
 def run_vlm_sft(steps: int, batch_size: int, lr: float, seed: int = 0, num_examples: int = 4000,
                 image_size: int = shapes_vqa.IMAGE_SIZE, log_every: int = 50, size: dict | None = None,
-                worked_fraction: float = 1.0):
+                worked_fraction: float = 1.0, qtypes: tuple[str, ...] = tuple(shapes_vqa.QUESTIONS)):
     """Build the tiny VLM and train it `steps` AdamW steps on demonstrations, a share `worked_fraction` of
-    them worked (the others direct, fixed per example); returns (model, tokenizer, processor, log).
+    them worked (the others direct, fixed per example), question types drawn from `qtypes` (repeat a name to
+    weight it); returns (model, tokenizer, processor, log).
     Linear warm-up (5%) then cosine decay to 10% (grpo.algorithms.schedule)."""
     tokenizer = build_vlm_tokenizer(shapes_vqa.WORDS)
     processor = build_image_processor(image_size)
     model = build_vlm(tokenizer, image_size=image_size, seed=seed, size=size)
-    rows = vision_rows(shapes_vqa.generate("train", num_examples, seed=seed, size=image_size), processor, model)
+    rows = vision_rows(shapes_vqa.generate("train", num_examples, seed=seed, size=image_size, qtypes=qtypes), processor, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -105,6 +106,17 @@ def run_vlm_sft(steps: int, batch_size: int, lr: float, seed: int = 0, num_examp
     return model, tokenizer, processor, log
 
 
+def weighted_qtypes(spec: str) -> tuple[str, ...]:
+    """"count=6,where=1" -> each named type repeated by its weight, unnamed types once ("" -> every type once)."""
+    weights = {q: 1 for q in shapes_vqa.QUESTIONS}
+    for part in filter(None, spec.split(",")):
+        name, _, w = part.partition("=")
+        if name not in weights or not w.isdigit():
+            raise ValueError(f"--qtype-weights: cannot read {part!r} (NAME=INTEGER, NAME one of {', '.join(weights)})")
+        weights[name] = int(w)
+    return tuple(q for q, w in weights.items() for _ in range(w))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m grpo.training.vlm_sft", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -113,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-examples", type=int, default=4000)
+    p.add_argument("--qtype-weights", default="",
+                   help="question-type weights of the demonstrations, e.g. count=6,where=1 (default: all 1)")
     p.add_argument("--worked-fraction", type=float, default=1.0, help="share of worked demonstrations (the rest direct)")
     p.add_argument("--eval-examples", type=int, default=400)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
@@ -121,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     model, tokenizer, processor, log = run_vlm_sft(a.steps, a.batch_size, a.lr, a.seed, a.num_examples,
-                                                  worked_fraction=a.worked_fraction)
+                                                  worked_fraction=a.worked_fraction, qtypes=weighted_qtypes(a.qtype_weights))
     train_s = time.perf_counter() - t0
     held = vision_rows(shapes_vqa.generate("test", a.eval_examples, seed=0), processor, model)
     greedy = evaluate(model, tokenizer, held)

@@ -69,3 +69,14 @@ def test_bad_arguments_name_what_is_wrong():
         generate("dev", 3)
     with pytest.raises(ValueError, match="unknown question type 'size'"):
         generate("train", 3, qtypes=("size",))
+
+
+def test_the_description_reward_scores_the_objects_the_reasoning_names():
+    truth = "red circle top left and blue square bottom right"
+    done = lambda think: f"<think> {think} </think> <answer> 1 </answer>"  # noqa: E731
+    got = shapes_vqa.description_reward(None, [done("red circle top left"), done(truth),
+                                               done(truth + " and green triangle top right"),
+                                               done("red square top left"), "red circle top left"],
+                                        scene_words=[truth] * 5)
+    assert got == [0.5, 1.0, 2 / 3, 0.0, 0.0]           # |named & true| / max(|named|, |true|); no format -> 0
+    assert shapes_vqa.description_reward(None, [done(truth)]) == [None]

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from grpo.data.tasks.common import hashed_split
-from grpo.rewards.text import answer_block
+from grpo.rewards.text import answer_block, think_answer_parts
 from grpo.vision.shapes import COLOURS, POSITIONS, SHAPES, Scene, prompt_of, render, sample_scene
 
 DEFAULT_REWARDS = ("exact_match", "format")
@@ -110,6 +110,25 @@ def generate(split: str, n: int, seed: int = 0, size: int = IMAGE_SIZE, max_obje
         if row is not None and hashed_split(f"{row['scene']} | {row['prompt']}", HELD_OUT_PERCENT) == split:
             rows.append(row)
     return rows
+
+
+def described_objects(text: str) -> set[tuple[str, ...]]:
+    """The (colour, shape, position) triples a reasoning text names ("red circle top left and ...")."""
+    return {tuple(part.split()) for part in text.split(" and ") if len(part.split()) == 4}
+
+
+def description_reward(prompts: list, completions: list, scene_words: list | None = None, **_: object) -> list:
+    """Grounding reward (a verifiable check of the reasoning, GenEval-style): the F1-like overlap
+    |named ∩ true| / max(|named|, |true|) between the objects the ``<think>`` block describes and the scene's
+    (column ``scene_words``); 0 when the completion is not in the think/answer format, None without the column."""
+    if scene_words is None:
+        return [None] * len(completions)
+    out = []
+    for c, truth in zip(completions, scene_words):
+        parts = think_answer_parts(c if isinstance(c, str) else str(c))
+        named, true = (described_objects(parts[0].strip()) if parts else set()), described_objects(truth)
+        out.append(len(named & true) / max(len(named), len(true), 1))
+    return out
 
 
 def accuracy(completions: list[str], rows: list[dict]) -> float:
