@@ -39,7 +39,8 @@ def test_the_shapes_vqa_demo_runs_on_the_committed_cold_start_without_collapse(t
 @pytest.mark.slow
 def test_grpo_through_the_image_path_learns_a_learnable_reward(tmp_path):
     """The same trainer and image path on the committed VLM learn a reward the policy controls directly:
-    "answer red" goes from a few percent of the samples to most of them in 20 steps (measured 4% -> 76%)."""
+    "answer red" goes from a few percent of the samples to about half of them in 20 steps (measured 5% -> 58%,
+    mean of the first and last three steps)."""
     import json
 
     import grpo
