@@ -143,6 +143,8 @@ def validate(cfg: Config) -> None:
         (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
         (cfg.train.save_steps >= 0, "train.save_steps must be >= 0"),
         (cfg.train.logprob_chunk_size >= 0, "train.logprob_chunk_size must be >= 0 (0 = auto)"),
+        (math.isfinite(cfg.train.memory_budget_gib) and cfg.train.memory_budget_gib >= 0,
+         f"train.memory_budget_gib must be a finite number >= 0 (0 = auto), got {cfg.train.memory_budget_gib}"),
         (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
          "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
         (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),

@@ -110,6 +110,21 @@ def expand_cache(cache, inverse: torch.Tensor) -> None:
         layer.values = expand_rows(layer.values, inverse)                       # [n, kv, P, d]
 
 
+def causal_only_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The attention mask with each row's trailing padding (the columns after its last real token) set to 1.
+
+    Under causal attention no real token attends to a later column, so trailing padding (after EOS) needs no
+    mask: the real tokens' hidden states and positions do not change. A micro-batch without left padding then
+    has an all-ones mask, and transformers lets the attention kernel run causal (sdpa ``is_causal``) instead of
+    materialising an ``[n, 1, L, L]`` mask, quadratic in the length (80 MiB per row at L = 4096 on CPU sdpa:
+    the boolean mask and its float copy).
+
+    Shape: [n, L] -> [n, L]
+    """
+    later = mask.flip(-1).cumsum(dim=-1).flip(-1) > 0                         # [n, L] a real token here or later
+    return torch.where(later, mask, torch.ones_like(mask))                     # [n, L]
+
+
 def _expandable(cache) -> bool:
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -127,6 +142,7 @@ def completion_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.
         ids, mask: [n, P + kept] -> [n, kept, H]
     """
     n, P = ids.shape[0], ids.shape[1] - kept
+    mask = causal_only_mask(mask)                                               # no [L, L] mask for trailing pads
     positions = positions_from_mask(mask)                                       # [n, P + kept]
     first = inverse = None
     if P > 0 and bool(mask[:, P - 1].all()) and plain_cache_model(backbone) and not checkpointing(backbone):

@@ -43,7 +43,7 @@ from grpo.state.metrics import step_metrics
 from grpo.modeling.precision import autocast, autocast_dtype
 from grpo.modeling.reference import build_reference
 from grpo.state.resume import TrainState, announce_run, begin_run, check_resumable, find_checkpoint, restore
-from grpo.training.run_checks import check_run
+from grpo.training.run_checks import check_run, longest_prompt
 from grpo.events import emit
 from grpo.health import HealthMonitor
 from grpo.state.samples import SAMPLES_FILE, pick_samples, write_samples
@@ -95,16 +95,17 @@ def mean_stats(stats: list[UpdateStats]) -> dict[str, float]:
     return {f: float(np.mean([float(getattr(s, f)) for s in stats])) for f in fields}
 
 
-def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, budget: int) -> UpdateStats:
-    """One optimizer update on the step's batch (the `update` test hook fires after it)."""
+def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, plan) -> UpdateStats:
+    """One optimizer update on the step's batch, as the memory plan says (grpo.training.memory_plan.MemoryPlan:
+    micro-batch tokens, checkpointing, LM-head chunk); the `update` test hook fires after it."""
     policy, hooks = world.update_target()
     stats = policy_update(policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
                           temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
                           max_grad_norm=cfg.optim.max_grad_norm,
                           norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
-                          logprob_chunk_size=cfg.train.logprob_chunk_size,
-                          gradient_checkpointing=cfg.train.gradient_checkpointing, parallel=hooks,
-                          micro_batch_tokens=budget, preference=token_preference_of(state.extras))   # lambda-GRPO
+                          logprob_chunk_size=plan.logprob_chunk_size,
+                          gradient_checkpointing=plan.gradient_checkpointing, parallel=hooks,
+                          micro_batch_tokens=plan.micro_batch_tokens, preference=token_preference_of(state.extras))   # lambda-GRPO
     emit("update", step)
     return stats
 
@@ -165,7 +166,10 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         health = HealthMonitor(cfg, out, first, enabled=world.is_main)   # reads back a resumed run's history
         world.barrier()
         checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
-        budget = runtime.micro_batch_tokens(model)             # tokens per forward/backward pass
+        plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows))   # train.memory_budget_gib; may refuse
+        if world.is_main:
+            print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
+        budget = plan.micro_batch_tokens                       # tokens per forward/backward pass
         record: dict[str, Any] = {}
         logger = world.logger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done, config=cfg)
         with logger, GracefulStop() as stop:
@@ -179,7 +183,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 emit("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
-                    stats = [update(state, exp.batch, cfg, step, world, budget) for _ in range(algo.num_iterations)]
+                    stats = [update(state, exp.batch, cfg, step, world, plan) for _ in range(algo.num_iterations)]
                 world.after_update(state)                      # FSDP2: new full weights into the rollout model
                 times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
                          "experience_s": t1 - t0}

@@ -11,6 +11,8 @@ process set-up         glibc mmap threshold, torch thread count    torch.cuda.se
 placing the policy     oneDNN float32 linears (`model.cpu_matmul`)  ``model.to(device)``
 micro-batch tokens     auto: 2**20 / (hidden x layers), >= 256     auto: a quarter of free memory / the
                                                                    per-token activation estimate
+memory budget          auto: RSS + 80% of min(MemAvailable,           auto: allocated + 80% of
+                       cgroup room) (`train.memory_budget_gib`)    mem_get_info's free memory
 attention kernel       as loaded (sdpa)                            `model.attn_implementation`
 memory metric          none (bench/memory.py measures RSS)         memory/peak_allocated_gib (per step)
 =====================  ==========================================  ====================================
@@ -98,6 +100,19 @@ class CpuRuntime:
 
         return micro_batch_tokens(self.cfg.train.micro_batch_tokens, model)
 
+    def memory_in_use(self) -> int:
+        """Bytes this process holds now: its resident set (/proc/self/statm)."""
+        return resident_bytes()
+
+    def memory_budget(self) -> int:
+        """`train.memory_budget_gib`, or 0 = auto: what is in use plus SAFE_SHARE of the memory still
+        available to the process (the smaller of /proc/meminfo's MemAvailable and the cgroup's room)."""
+        return configured_budget(self.cfg) or self.memory_in_use() + int(SAFE_SHARE * available_host_memory())
+
+    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int):
+        """The update's micro-batch tokens, checkpointing and LM-head chunk for the budget (grpo.training.memory_plan)."""
+        return plan_for(self, model, prompt_tokens)
+
     def reset_memory_stats(self) -> None:
         pass
 
@@ -130,6 +145,16 @@ class CudaRuntime:
         per_value = 2 if getattr(self.cfg.train, "precision", "fp32") in ("bf16", "fp16") else 4
         return max(1024, activation_tokens(model, free // 4 // (36 * per_value)))
 
+    def memory_in_use(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def memory_budget(self) -> int:
+        """`train.memory_budget_gib`, or 0 = auto: allocated plus SAFE_SHARE of torch.cuda.mem_get_info's free memory."""
+        return configured_budget(self.cfg) or self.memory_in_use() + int(SAFE_SHARE * torch.cuda.mem_get_info(self.device)[0])
+
+    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int):
+        return plan_for(self, model, prompt_tokens)
+
     def reset_memory_stats(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -139,6 +164,108 @@ class CudaRuntime:
 
 
 RUNTIMES = {"cpu": CpuRuntime, "cuda": CudaRuntime}
+
+#: The share of the memory still available that the default budget (`train.memory_budget_gib = 0`) may use:
+#: the rest is left to the other processes, the page cache and the estimate's error.
+SAFE_SHARE = 0.8
+
+
+def meminfo_available(text: str) -> int | None:
+    """MemAvailable of a /proc/meminfo text, in bytes (None when absent)."""
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def cgroup_room(limit: str, usage: str) -> int | None:
+    """Bytes left under a cgroup memory limit (v2 memory.max / v1 memory.limit_in_bytes and the usage
+    file); None when there is no limit ("max", or v1's near-2**63 "unlimited")."""
+    limit = limit.strip()
+    if limit == "max" or not limit.isdigit() or int(limit) >= 2 ** 60:
+        return None
+    return max(0, int(limit) - int(usage.strip()))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def available_host_memory() -> int:
+    """Bytes this process may still take: the smaller of MemAvailable and the room under its cgroup's limit
+    (v2, then v1); without /proc (not Linux), torch's view of free memory is unknown: 8 GiB is assumed."""
+    candidates = [meminfo_available(_read("/proc/meminfo") or "")]
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        text, used = _read(limit), _read(usage)
+        if text is not None and used is not None:
+            candidates.append(cgroup_room(text, used))
+    known = [c for c in candidates if c is not None]
+    return min(known) if known else 8 * 2 ** 30
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (/proc/self/statm), else its peak (getrusage) elsewhere."""
+    statm = _read("/proc/self/statm")
+    if statm:
+        return int(statm.split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def configured_budget(cfg: Config) -> int:
+    """`train.memory_budget_gib` in bytes (0 = auto)."""
+    return int(cfg.train.memory_budget_gib * 2 ** 30)
+
+
+def model_shape(model: torch.nn.Module, act_bytes: int):
+    """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters."""
+    from grpo.training.memory_plan import ModelShape
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    c = getattr(inner, "config", None)
+    c = c.get_text_config() if hasattr(c, "get_text_config") else c
+    hidden = int(getattr(c, "hidden_size", 0) or 0)
+    heads = int(getattr(c, "num_attention_heads", 1) or 1)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return ModelShape(hidden=hidden, intermediate=int(getattr(c, "intermediate_size", 0) or 4 * hidden),
+                      layers=int(getattr(c, "num_hidden_layers", 0) or 0),
+                      kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+                      head_dim=int(getattr(c, "head_dim", None) or hidden // heads),
+                      vocab=int(getattr(c, "vocab_size", 0) or 0),
+                      trainable_params=sum(p.numel() for p in trainable),
+                      param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes)
+
+
+def step_shape(cfg: Config, prompt_tokens: int):
+    """The planner's view of one step (grpo.training.memory_plan.StepShape): B prompts of up to `prompt_tokens`
+    tokens, k = algorithm.gfpo_sample_size or rollout.num_generations completions each, max_new_tokens long."""
+    from grpo.training.memory_plan import StepShape
+
+    k = cfg.algorithm.gfpo_sample_size or cfg.rollout.num_generations
+    return StepShape(rows=cfg.train.prompts_per_step * k, prompts=cfg.train.prompts_per_step,
+                     prompt_tokens=prompt_tokens, new_tokens=cfg.rollout.max_new_tokens)
+
+
+def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int):
+    """The memory plan of `runtime`'s run (grpo.training.memory_plan.plan_memory) for prompts of up to
+    `prompt_tokens` tokens: the configured settings, what is in use now and the budget."""
+    from grpo.training.memory_plan import plan_memory
+
+    cfg = runtime.cfg
+    act_bytes = 2 if cfg.train.precision in ("bf16", "fp16") else 4
+    return plan_memory(model_shape(model, act_bytes), step_shape(cfg, prompt_tokens), in_use=runtime.memory_in_use(),
+                       budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
+                       micro_batch_tokens=cfg.train.micro_batch_tokens,
+                       gradient_checkpointing=cfg.train.gradient_checkpointing,
+                       logprob_chunk_size=cfg.train.logprob_chunk_size)
 
 
 def build_runtime(cfg: Config, model: torch.nn.Module | None = None) -> CpuRuntime | CudaRuntime:

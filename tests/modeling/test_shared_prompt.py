@@ -169,3 +169,27 @@ def test_expand_rows_backward_is_deterministic_and_equals_index_select():
         assert torch.equal(shared_prompt.expand_rows(x, inverse), x[inverse])   # the forward is a plain gather
     finally:
         torch.set_num_threads(previous)
+
+
+def test_trailing_padding_needs_no_attention_mask(monkeypatch):
+    """Rows of one prompt whose completions end at different lengths: the forward runs causal, with no
+    [n, 1, L, L] mask (quadratic in the length), and the real tokens' log-probs are those of the masked forward."""
+    from grpo.modeling.shared_prompt import causal_only_mask
+
+    mask = torch.tensor([[0, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 0]])
+    assert causal_only_mask(mask).tolist() == [[0, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
+
+    model = tiny_qwen2(VOCAB).double()
+    ids, mask = group_batch(groups=1)                  # prompt of 5 tokens (no left padding), right padding
+    assert bool((mask == 0).any())
+    monkeypatch.setattr(shared_prompt, "MIN_SAVING", 1.0)    # the plain path (long completions do not share)
+    masks, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: masks.append(k.get("attn_mask")) or sdpa(*a, **k))
+    logp, _ = completion_logprobs(model, ids, mask, T)
+    assert masks and all(m is None for m in masks)     # is_causal everywhere
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    expected = torch.log_softmax(out[:, P - 1:-1].double(), -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+    real = mask[:, P:].bool()
+    torch.testing.assert_close(logp[real], expected[real], rtol=1e-10, atol=1e-10)

@@ -69,3 +69,38 @@ def test_attention_kernel_choice():
     model = build_model(build_tokenizer(), "micro")
     set_attn_implementation(model, "eager", torch.device("cpu"))
     assert model.config._attn_implementation == "eager"
+
+
+# --- the memory budget (train.memory_budget_gib) ----------------------------------------------------
+
+def test_meminfo_and_cgroup_parsing():
+    from grpo.training.runtime import cgroup_room, meminfo_available
+
+    text = "MemTotal:       24683632 kB\nMemFree:        23468224 kB\nMemAvailable:   24238080 kB\n"
+    assert meminfo_available(text) == 24238080 * 1024
+    assert meminfo_available("MemTotal: 1 kB\n") is None
+    assert cgroup_room("4294967296\n", "1073741824\n") == 3 * 2 ** 30        # v2 memory.max - memory.current
+    assert cgroup_room("max\n", "1073741824\n") is None                       # v2: no limit
+    assert cgroup_room("9223372036854771712\n", "5\n") is None                # v1: "unlimited"
+    assert cgroup_room("100\n", "150\n") == 0                                 # over the limit: no room
+
+
+def test_default_budget_is_in_use_plus_a_safe_share_of_what_is_available(monkeypatch):
+    import grpo.training.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "available_host_memory", lambda: 10 * 2 ** 30)
+    monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 2 ** 30)
+    auto = CpuRuntime(torch.device("cpu"), build_config())
+    assert auto.memory_budget() == 2 ** 30 + int(0.8 * 10 * 2 ** 30)
+    given = CpuRuntime(torch.device("cpu"), build_config(overrides={"train.memory_budget_gib": 3.5}))
+    assert given.memory_budget() == int(3.5 * 2 ** 30)
+    with pytest.raises(ConfigError, match="train.memory_budget_gib must be a finite number >= 0"):
+        build_config(overrides={"train.memory_budget_gib": -1.0})
+
+
+def test_this_process_memory_is_read():
+    from grpo.training.runtime import available_host_memory, resident_bytes
+
+    x = torch.ones(64, 2 ** 20, dtype=torch.uint8)             # 64 MiB, touched
+    assert resident_bytes() > x.numel()
+    assert available_host_memory() > 0

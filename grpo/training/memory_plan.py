@@ -1,0 +1,205 @@
+"""The memory planner: from shapes and a budget to the update's micro-batch tokens, activation checkpointing
+and LM-head chunk (`train.memory_budget_gib`, docs/performance.md "Long completions and the memory budget").
+
+Pure arithmetic, no tensors: :func:`plan_memory` takes the model's shape (:class:`ModelShape`), the step's
+shape (:class:`StepShape`), the memory already in use and the budget, and returns a :class:`MemoryPlan`.
+The runtime (grpo/training/runtime.py) measures what is in use and chooses the default budget.
+
+A step's peak is the largest of three phases, each linear in the tokens it holds (nothing in them grows
+with the square of the length: attention runs in torch's fused kernels, the LM head in chunks):
+
+    rollout    in_use + optimizer + KV cache (2 L kv d values per token: B P + N T tokens) + fused weights
+    reference  in_use + optimizer + M tokens x no-grad activations (one layer at a time) + LM-head chunk
+    update     in_use + optimizer + M tokens x stored activations + LM-head chunk
+
+with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row) and
+"optimizer" the gradients and AdamW's two moments (allocated at the first step, so counted even when not yet
+in use). Stored activations per token, in values of the compute dtype (measured on Qwen2 shapes, see
+:data:`LAYER_VALUES`): without checkpointing every layer's a H + b I; with checkpointing each layer's input
+H plus one layer's a H + b I (recomputed in the backward pass).
+
+Choices are tried from fastest to leanest: no checkpointing with the default LM-head chunk, then smaller
+chunks (halving down to :data:`MIN_CHUNK`), then checkpointing with the same chunks. The first that fits
+is taken; an explicit setting (`train.gradient_checkpointing` true/false, `train.logprob_chunk_size` > 0,
+`train.micro_batch_tokens` != 0) is never changed. When even the leanest choice does not fit the budget,
+:class:`MemoryBudgetError` names `train.memory_budget_gib` and the estimate, before the first step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from grpo.config import ConfigError
+
+GIB = 2 ** 30
+#: Values stored per token and layer for the backward pass, as (a, b) in a x hidden + b x intermediate: 14,848
+#: on the 100M Qwen2 (hidden 768, intermediate 2048), whose update measured 0.66 MiB per token over 12 layers
+#: (14,400 float32 values per layer; 2056-token row, bench/long_completions.py) and 0.083 MiB with checkpointing.
+LAYER_VALUES = (10.0, 3.5)
+#: Transient values per token of a no-grad forward (one layer's temporaries alive at a time): a H + b I; 14,336
+#: on the 100M Qwen2, which measured 0.055 MiB (14,400 values) per token (backbone, 1024 -> 2048 tokens).
+NO_GRAD_VALUES = (8.0, 4.0)
+#: Values per token beyond the layers in the update: the final hidden state, its gradient, the embedding output.
+EXTRA_VALUES_PER_HIDDEN = 4.0
+#: float32 copies per logit of one LM-head chunk alive at once (logits, log-softmax, its exp or gradient).
+HEAD_COPIES = 3
+#: The smallest LM-head chunk the planner tries (tokens).
+MIN_CHUNK = 16
+#: Default tokens per LM-head chunk: about 2**23 float32 logits (32 MiB), as grpo.modeling.logprobs.
+CHUNK_LOGITS = 2 ** 23
+
+
+class MemoryBudgetError(ConfigError):
+    """Even the leanest plan does not fit `train.memory_budget_gib` (one line naming the key and the estimate)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs to know about the policy (read off its config and parameters)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    trainable_params: int
+    param_bytes: int = 4           # bytes per parameter of the trainable weights (model.dtype)
+    act_bytes: int = 4             # bytes per activation value (2 under bf16 / fp16 autocast)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One step's rollout and update: N = B x G rows of P prompt + T completion tokens."""
+
+    rows: int                       # N completions per step (per rank)
+    prompts: int                    # B distinct prompts
+    prompt_tokens: int              # P, the longest prompt
+    new_tokens: int                 # T = rollout.max_new_tokens
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The choice and its estimate. micro_batch_tokens is the value to pass as the update's token budget."""
+
+    micro_batch_tokens: int
+    gradient_checkpointing: bool
+    logprob_chunk_size: int
+    estimate_bytes: int             # the estimated peak of the step (largest phase)
+    budget_bytes: int
+    phases: tuple[tuple[str, int], ...] = ()   # (rollout | reference | update, estimated bytes)
+    chosen_by: str = "planner"      # planner | user (every setting explicit)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(estimate_gib=round(self.estimate_bytes / GIB, 3), budget_gib=round(self.budget_bytes / GIB, 3),
+                 phases={k: round(v / GIB, 3) for k, v in self.phases})
+        return d
+
+    def describe(self) -> str:
+        """One log line: the choice, the estimate against the budget, the phases."""
+        phases = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phases)
+        return (f"memory plan ({self.chosen_by}): micro_batch_tokens={self.micro_batch_tokens}, "
+                f"gradient_checkpointing={str(self.gradient_checkpointing).lower()}, "
+                f"logprob_chunk_size={self.logprob_chunk_size}; estimated peak {self.estimate_bytes / GIB:.2f} GiB "
+                f"of train.memory_budget_gib={self.budget_bytes / GIB:.2f} ({phases} GiB)")
+
+
+def default_chunk(vocab: int) -> int:
+    """Tokens per LM-head chunk for about :data:`CHUNK_LOGITS` logits (at least :data:`MIN_CHUNK`)."""
+    return max(MIN_CHUNK, CHUNK_LOGITS // max(vocab, 1))
+
+
+def optimizer_bytes(m: ModelShape) -> int:
+    """Gradients (the weights' dtype) and AdamW's two float32 moments of the trainable parameters."""
+    return m.trainable_params * (m.param_bytes + 8)
+
+
+def kv_cache_bytes(m: ModelShape, s: StepShape) -> int:
+    """The rollout's cache: keys and values of every layer, the prompt once per prompt, completions per row."""
+    tokens = s.prompts * s.prompt_tokens + s.rows * s.new_tokens
+    return 2 * m.layers * m.kv_heads * m.head_dim * m.act_bytes * tokens
+
+
+def stored_values_per_token(m: ModelShape, checkpointing: bool) -> float:
+    """Activation values kept per token for the backward pass (see the module docstring)."""
+    layer = LAYER_VALUES[0] * m.hidden + LAYER_VALUES[1] * m.intermediate
+    kept = m.layers * m.hidden + layer if checkpointing else m.layers * layer
+    return kept + EXTRA_VALUES_PER_HIDDEN * m.hidden
+
+
+def head_bytes(m: ModelShape, chunk: int, tokens: int) -> int:
+    """One LM-head chunk of a micro-batch of `tokens` tokens: min(chunk, tokens) x vocab float32 logits,
+    HEAD_COPIES of them alive."""
+    return HEAD_COPIES * 4 * min(chunk, tokens) * m.vocab
+
+
+def micro_batch_padded_tokens(s: StepShape, tokens: int) -> int:
+    """Padded tokens of the largest micro-batch for a token budget (<= 0: no limit): whole rows of P + T
+    tokens, as many as fit in `tokens`, at least one, at most N (grpo.modeling.logprobs.bucketed_micro_batches)."""
+    row = s.prompt_tokens + s.new_tokens
+    rows = s.rows if tokens <= 0 else min(s.rows, max(1, tokens // row))
+    return rows * row
+
+
+def fused_weight_bytes(m: ModelShape) -> int:
+    """The rollout's concatenated q/k/v and gate/up weights (grpo.modeling.decoder.fuse_projections), made for
+    one rollout and freed after it."""
+    return m.layers * m.hidden * (m.hidden + 2 * m.kv_heads * m.head_dim + 2 * m.intermediate) * m.act_bytes
+
+
+def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpointing: bool,
+                chunk: int) -> dict[str, int]:
+    """Estimated peak of each phase of a step (bytes) for a token budget, checkpointing and LM-head chunk."""
+    base = in_use + optimizer_bytes(m)
+    M = micro_batch_padded_tokens(s, tokens)
+    no_grad = (NO_GRAD_VALUES[0] * m.hidden + NO_GRAD_VALUES[1] * m.intermediate) * m.act_bytes
+    head = head_bytes(m, chunk, M)
+    return {"rollout": base + kv_cache_bytes(m, s) + fused_weight_bytes(m),
+            "reference": base + int(M * no_grad) + head,
+            "update": base + int(M * stored_values_per_token(m, checkpointing) * m.act_bytes) + head}
+
+
+def _chunks(m: ModelShape, chunk: int) -> list[int]:
+    """LM-head chunks to try: the explicit one, else the default halving down to MIN_CHUNK."""
+    if chunk > 0:
+        return [chunk]
+    out = [default_chunk(m.vocab)]
+    while out[-1] // 2 >= MIN_CHUNK:
+        out.append(out[-1] // 2)
+    return out
+
+
+def plan_memory(m: ModelShape, s: StepShape, *, in_use: int, budget: int, auto_tokens: int,
+                micro_batch_tokens: int = 0, gradient_checkpointing: bool | None = None,
+                logprob_chunk_size: int = 0) -> MemoryPlan:
+    """The fastest (checkpointing, LM-head chunk) whose estimated peak fits `budget` bytes.
+
+    `in_use`: bytes the process holds already (weights, reference, runtime); `auto_tokens`: the speed
+    heuristic's micro-batch tokens (used when `micro_batch_tokens` is 0, lowered to what fits, never below
+    one row); the three settings as configured (0 / None = auto). Raises :class:`MemoryBudgetError` when
+    nothing fits, naming the leanest estimate.
+    """
+    explicit = micro_batch_tokens != 0 and gradient_checkpointing is not None and logprob_chunk_size > 0
+    row = s.prompt_tokens + s.new_tokens
+    lean = None
+    for ckpt in ([gradient_checkpointing] if gradient_checkpointing is not None else [False, True]):
+        for chunk in _chunks(m, logprob_chunk_size):
+            tokens = micro_batch_tokens
+            if tokens == 0:   # auto: the speed heuristic, lowered to the largest whole-row micro-batch that fits
+                fixed = phase_bytes(m, s, in_use, row, ckpt, chunk)
+                per_token = stored_values_per_token(m, ckpt) * m.act_bytes
+                fits = int((budget - fixed["update"]) // per_token) + row   # tokens beyond one row that fit
+                tokens = max(row, min(max(auto_tokens, row), fits - fits % row)) if auto_tokens > 0 else row
+            phases = phase_bytes(m, s, in_use, tokens, ckpt, chunk)
+            plan = MemoryPlan(tokens, ckpt, chunk, max(phases.values()), budget, tuple(phases.items()),
+                              "user" if explicit else "planner")
+            if plan.estimate_bytes <= budget:
+                return plan
+            lean = plan
+    raise MemoryBudgetError(
+        f"train.memory_budget_gib={budget / GIB:.3g} is too small: the leanest plan (gradient_checkpointing="
+        f"{str(lean.gradient_checkpointing).lower()}, logprob_chunk_size={lean.logprob_chunk_size}, "
+        f"micro_batch_tokens={lean.micro_batch_tokens}, rows of {row} tokens) needs an estimated "
+        f"{lean.estimate_bytes / GIB:.3g} GiB (" + ", ".join(f"{k} {v / GIB:.3g}" for k, v in lean.phases)
+        + " GiB); raise train.memory_budget_gib or lower rollout.max_new_tokens / train.prompts_per_step")

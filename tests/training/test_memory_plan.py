@@ -1,0 +1,189 @@
+"""The memory planner (grpo/training/memory_plan.py): hand-derived estimates, the choice it makes under a
+budget, explicit settings winning, the error when nothing fits, and that the checkpointed update it picks for
+a tight budget computes the same loss and gradients as the plain one (float64)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+
+from grpo.config import AlgorithmConfig, build_config
+from grpo.training.memory_plan import (MemoryBudgetError, ModelShape, StepShape, default_chunk, fused_weight_bytes,
+                                       head_bytes,
+                                       kv_cache_bytes, optimizer_bytes, phase_bytes, plan_memory,
+                                       stored_values_per_token)
+from grpo.training.runtime import CpuRuntime, model_shape, step_shape
+from grpo.training.update import build_optimizer, policy_update
+from grpo.types import TrainBatch
+
+# hidden 64, intermediate 128, 2 layers, 2 kv heads of 16, vocab 100, 10,000 trainable float32 parameters
+M = ModelShape(hidden=64, intermediate=128, layers=2, kv_heads=2, head_dim=16, vocab=100, trainable_params=10_000)
+# 4 rows = 2 prompts x G 2, prompts of 8 tokens, 24 new tokens: rows of 32 tokens
+S = StepShape(rows=4, prompts=2, prompt_tokens=8, new_tokens=24)
+IN_USE = 1_000_000
+
+
+def test_the_pieces_by_hand():
+    assert optimizer_bytes(M) == 10_000 * (4 + 4 + 4)                       # gradient + AdamW's two moments
+    assert kv_cache_bytes(M, S) == 2 * 2 * 2 * 16 * 4 * (2 * 8 + 4 * 24)     # = 57,344: prompts once, rows each
+    assert fused_weight_bytes(M) == 2 * 64 * (64 + 2 * 2 * 16 + 2 * 128) * 4   # = 196,608: q/k/v, gate/up copies
+    # per layer 10 x 64 + 3.5 x 128 = 1088 values; plus 4 x 64 outside the layers
+    assert stored_values_per_token(M, False) == 2 * 1088 + 256              # every layer's activations: 2432
+    assert stored_values_per_token(M, True) == 2 * 64 + 1088 + 256          # layer inputs + one layer: 1472
+    assert default_chunk(100) == 2 ** 23 // 100 == 83_886
+    assert head_bytes(M, 83_886, 32) == 3 * 4 * 32 * 100                     # capped at the micro-batch's tokens
+    assert head_bytes(M, 16, 32) == 3 * 4 * 16 * 100
+
+
+def test_roomy_budget_keeps_the_speed_heuristic_and_no_checkpointing():
+    plan = plan_memory(M, S, in_use=IN_USE, budget=10 ** 8, auto_tokens=64)
+    assert (plan.micro_batch_tokens, plan.gradient_checkpointing, plan.logprob_chunk_size) == (64, False, 83_886)
+    # micro-batch of 2 rows = 64 tokens; base = 1,000,000 + 120,000; head 3 x 4 x 64 x 100 = 76,800
+    assert dict(plan.phases) == {"rollout": 1_120_000 + 57_344 + 196_608,
+                                 "reference": 1_120_000 + 64 * 4096 + 76_800,        # (8 x 64 + 4 x 128) x 4 B
+                                 "update": 1_120_000 + 64 * 2432 * 4 + 76_800}
+    assert plan.estimate_bytes == 1_819_392 and plan.chosen_by == "planner"
+
+
+def test_tight_budget_turns_checkpointing_on():
+    # without checkpointing one row needs 1,120,000 + 32 x 9,728 + head >= 1,455,296 > 1,400,000;
+    # with it 1,120,000 + 32 x 5,888 + 38,400 = 1,346,816; 53,184 B left are 9 tokens, not a second row;
+    # the rollout (1,120,000 + 57,344 + 196,608 = 1,373,952) is then the peak
+    plan = plan_memory(M, S, in_use=IN_USE, budget=1_400_000, auto_tokens=64)
+    assert (plan.micro_batch_tokens, plan.gradient_checkpointing, plan.logprob_chunk_size) == (32, True, 83_886)
+    assert dict(plan.phases)["update"] == 1_346_816 and plan.estimate_bytes == 1_373_952
+
+
+def test_a_smaller_head_chunk_is_tried_before_checkpointing():
+    # no checkpointing, one row: 1,469,696 with any chunk >= 32; chunks halve 83886, 41943, ..., 40, 20:
+    # at 20 the head is 3 x 4 x 20 x 100 = 24,000 and the update 1,455,296 <= 1,460,000
+    plan = plan_memory(M, S, in_use=IN_USE, budget=1_460_000, auto_tokens=64)
+    assert (plan.micro_batch_tokens, plan.gradient_checkpointing, plan.logprob_chunk_size) == (32, False, 20)
+    assert plan.estimate_bytes == 1_455_296
+
+
+def test_nothing_fits_is_one_line_naming_the_key_and_the_estimate():
+    # leanest: checkpointing, chunk 20: update 1,120,000 + 188,416 + 24,000 = 1,332,416 B, but the rollout needs
+    # 1,373,952 B = 0.00128 GiB
+    with pytest.raises(MemoryBudgetError, match=r"train\.memory_budget_gib=0\.00121 is too small.*"
+                                                r"gradient_checkpointing=true, logprob_chunk_size=20.*0\.00128 GiB") as e:
+        plan_memory(M, S, in_use=IN_USE, budget=1_300_000, auto_tokens=64)
+    assert "\n" not in str(e.value)
+
+
+def test_explicit_settings_win():
+    with pytest.raises(MemoryBudgetError):          # would fit with checkpointing, but the user said false
+        plan_memory(M, S, in_use=IN_USE, budget=1_400_000, auto_tokens=64, gradient_checkpointing=False)
+    plan = plan_memory(M, S, in_use=IN_USE, budget=10 ** 8, auto_tokens=64, gradient_checkpointing=True)
+    assert plan.gradient_checkpointing and plan.micro_batch_tokens == 64
+    # -1 = no limit: all 4 rows (128 tokens) in one micro-batch; only checkpointing is left to choose
+    plan = plan_memory(M, S, in_use=IN_USE, budget=2_200_000, auto_tokens=64, micro_batch_tokens=-1)
+    assert (plan.micro_batch_tokens, plan.gradient_checkpointing) == (-1, True)
+    assert plan.estimate_bytes == 1_120_000 + 128 * 1472 * 4 + 3 * 4 * 128 * 100     # 2,027,264
+    plan = plan_memory(M, S, in_use=IN_USE, budget=10 ** 8, auto_tokens=64, micro_batch_tokens=-1,
+                       gradient_checkpointing=False, logprob_chunk_size=64)
+    assert plan.chosen_by == "user" and plan.estimate_bytes == 1_120_000 + 128 * 2432 * 4 + 3 * 4 * 64 * 100
+
+
+def test_every_phase_grows_linearly_in_the_completion_length():
+    for ckpt in (False, True):
+        est = [phase_bytes(M, StepShape(4, 2, 8, T), IN_USE, -1, ckpt, 16) for T in (100, 200, 300, 400)]
+        for phase in est[0]:
+            steps = {b[phase] - a[phase] for a, b in zip(est, est[1:])}
+            assert len(steps) == 1 and steps.pop() > 0, phase
+
+
+# --- the planner on a real model: the update it picks under a tight budget is the same update ---------
+
+def tiny_qwen2(vocab=48) -> transformers.Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return transformers.Qwen2ForCausalLM(cfg).double()
+
+
+def long_batch(N=4, P=6, T=120, vocab=48) -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, vocab, (N, P + T), generator=g)
+    mask = torch.ones(N, P + T, dtype=torch.long)
+    lengths = torch.tensor([120, 97, 120, 64])                            # two rows ended early (EOS)
+    cm = (torch.arange(T)[None, :] < lengths[:, None]).double()
+    mask[:, P:] = cm.long()
+    return TrainBatch(ids, mask, cm, torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=torch.float64), None, None)
+
+
+def test_tight_budget_picks_checkpointing_and_the_update_is_unchanged(monkeypatch):
+    model = tiny_qwen2()
+    P, T = 6, 120
+    cfg = build_config(overrides={"rollout.max_new_tokens": T, "rollout.num_generations": 2,
+                                  "train.prompts_per_step": 2, "algorithm.beta": 0.0})
+    shape, step = model_shape(model, 8), step_shape(cfg, P)
+    row = P + T
+    on = max(phase_bytes(shape, step, 0, row, True, default_chunk(48)).values())
+    off = max(phase_bytes(shape, step, 0, row, False, 16).values())
+    assert on < off                                                       # a budget between them exists
+    runtime = CpuRuntime(torch.device("cpu"), build_config(overrides={
+        "train.memory_budget_gib": on / 2 ** 30, "rollout.max_new_tokens": T, "rollout.num_generations": 2,
+        "train.prompts_per_step": 2}))                                    # the budget: exactly the plan we expect
+    monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 0)
+    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b: shape)   # float64: 8-byte activations
+    plan = runtime.memory_plan(model, P)
+    assert plan.gradient_checkpointing and plan.micro_batch_tokens == row and plan.estimate_bytes <= on
+
+    batch, algo = long_batch(), AlgorithmConfig(beta=0.0)
+    results = []
+    for kw in ({"gradient_checkpointing": False, "micro_batch_tokens": -1},
+               {"gradient_checkpointing": plan.gradient_checkpointing, "micro_batch_tokens": plan.micro_batch_tokens,
+                "logprob_chunk_size": plan.logprob_chunk_size}):
+        m = copy.deepcopy(model)
+        opt, sched = build_optimizer(m, cfg.optim, 1)
+        stats = policy_update(m, opt, sched, batch, algo, temperature=1.0, micro_batch_size=0, max_grad_norm=0.0, **kw)
+        assert m.is_activation_checkpointing == kw["gradient_checkpointing"]
+        results.append((stats.loss, torch.cat([p.grad.flatten() for p in m.parameters()])))
+    (loss0, grad0), (loss1, grad1) = results
+    assert grad0.abs().max() > 0
+    assert loss1 == pytest.approx(loss0, rel=1e-12, abs=1e-14)
+    torch.testing.assert_close(grad1, grad0, rtol=1e-10, atol=1e-12)
+
+
+def test_a_checkpointed_plan_trains_on_a_meta_default_device(tmp_path, monkeypatch):
+    """Device neutrality of the planned path: the budget forces checkpointing and one row per micro-batch."""
+    from grpo.modeling.models import build_model, build_tokenizer
+    from tests.training.test_device import changed, run_on_meta_default
+
+    plans, real = [], CpuRuntime.memory_plan
+
+    def tight(self, model, prompt_tokens):             # budget = the checkpointed one-row estimate exactly
+        shape, step = model_shape(model, 4), step_shape(self.cfg, prompt_tokens)
+        row = prompt_tokens + step.new_tokens
+        on = max(phase_bytes(shape, step, 0, row, True, default_chunk(shape.vocab)).values())
+        assert on < max(phase_bytes(shape, step, 0, row, False, 16).values())
+        monkeypatch.setattr(CpuRuntime, "memory_budget", lambda self: on)
+        plans.append(real(self, model, prompt_tokens))
+        return plans[-1]
+
+    monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 0)
+    monkeypatch.setattr(CpuRuntime, "memory_plan", tight)
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    before, result, records = run_on_meta_default(tmp_path, model, tok)
+    assert len(plans) == 1 and plans[0].gradient_checkpointing and plans[0].chosen_by == "planner"
+    assert result.steps == 2 and result.model.is_activation_checkpointing
+    assert changed(before, result.model)
+
+
+def test_a_run_that_cannot_fit_stops_before_its_first_step(tmp_path):
+    import grpo
+
+    out = tmp_path / "run"
+    trainer = grpo.Trainer(config={"train.output_dir": str(out), "train.max_steps": 1, "train.prompts_per_step": 1,
+                                   "rollout.num_generations": 2, "rollout.max_new_tokens": 8,
+                                   "data.num_train_prompts": 4, "log.progress_bar": False,
+                                   "train.memory_budget_gib": 0.01})     # 10 MiB: less than the process holds
+    with pytest.raises(MemoryBudgetError, match=r"^train\.memory_budget_gib=0\.01 is too small: .* needs an "
+                                                r"estimated [0-9.]+ GiB \(rollout"):
+        trainer.train()
+    assert not (out / "metrics.jsonl").exists() and not (out / "config.yaml").exists()
