@@ -32,7 +32,7 @@ class PromptStream:
         self.epoch, self.position = 0, 0
 
     def _order(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+        g = torch.Generator(device="cpu").manual_seed(self.seed * 7919 + self.epoch)
         return torch.randperm(len(self.prompts), generator=g, device="cpu").tolist()   # host-side order
 
     def next_batch(self, n: int) -> list[Prompt]:

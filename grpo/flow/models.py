@@ -134,7 +134,7 @@ class TinyDiT(FlowModel):
         self.grid, self.patch, self.channels = image_size // patch, patch, channels
         self.cond = Conditioning(vocab, dim)
         self.embed = RowLinear(channels * patch * patch, dim)
-        self.pos = nn.Parameter(torch.randn(1, self.grid ** 2, dim) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, self.grid ** 2, dim, device=self.embed.weight.device) * 0.02)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.ada = RowLinear(dim, 2 * dim)
