@@ -81,6 +81,49 @@ print("RESULT", json.dumps({"peak_rss_mib": resource.getrusage(resource.RUSAGE_S
 """
 
 
+UPDATE_CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)
+from bench.common import PeakRSS
+from grpo.config import build_config
+from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
+from grpo.modeling.models import load_policy
+from grpo.training.update import build_optimizer, policy_update
+from grpo.types import TrainBatch
+
+model_dir, L, ckpt = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on"
+set_mmap_threshold(1)                                   # as grpo train (train.mmap_threshold_mb)
+rss = PeakRSS()
+model, _ = load_policy(model_dir)
+use_cpu_matmul(model, "auto")
+cfg = build_config(overrides={"algorithm.beta": 0.0})
+opt, sched = build_optimizer(model, cfg.optim, 10)
+P, g = 8, torch.Generator().manual_seed(0)
+ids = torch.randint(0, 32000, (1, P + L), generator=g)
+mask, cm = torch.ones(1, P + L, dtype=torch.long), torch.ones(1, L)
+kw = dict(temperature=1.0, micro_batch_size=0, max_grad_norm=1.0, gradient_checkpointing=ckpt)
+warm = TrainBatch(ids[:, :P + 4], mask[:, :P + 4], cm[:, :4], torch.ones(1), None, None)
+policy_update(model, opt, sched, warm, cfg.algorithm, **kw)          # gradients and AdamW state exist from here
+base = rss.current()
+rss.reset()
+policy_update(model, opt, sched, TrainBatch(ids, mask, cm, torch.ones(1), None, None), cfg.algorithm, **kw)
+print("RESULT", json.dumps({"length": L, "ckpt": ckpt, "base_mib": base, "peak_mib": rss.peak(),
+                            "above_steady_state_mib": rss.peak() - base}), flush=True)
+"""
+
+
+def run_update_only(model_dir: Path, length: int, ckpt: str) -> dict:
+    """Peak RSS of one update on one synthetic row of `length` completion tokens (8-token prompt), above the
+    steady state (weights, gradients, AdamW state): the update's activations alone, no rollout."""
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-c", UPDATE_CHILD, root, str(model_dir), str(length), ckpt],
+                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    return json.loads(line[len("RESULT "):]) if line else {"length": length, "error": proc.stderr[-300:]}
+
+
 def run_point(model_dir: Path, length: int, overrides: dict, out_dir: Path, threads: int) -> dict:
     """One train step of `length` new tokens in a child process: its peak RSS, phase peaks and plan."""
     overrides = {"train.output_dir": str(out_dir), "train.num_threads": threads, **overrides}
@@ -131,10 +174,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--merge", action="store_true", help="add these rows to the existing results file")
     parser.add_argument("--out", default="long_completions", help="results file name in bench/results (no .json)")
+    parser.add_argument("--update-only", default="", help="L,L,...: instead, the update alone on one row of L "
+                        "tokens, checkpointing off and on (in-process peak above the steady state)")
     parser.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "grpo-bench-models"))
     args = parser.parse_args()
     model_dir = build_bench_model("qwen2-100m", args.models_dir)
     lengths = [int(x) for x in args.lengths.split(",") if x]
+    if args.update_only:
+        rows = [run_update_only(model_dir, int(L), c) for c in ("off", "on") for L in args.update_only.split(",")]
+        fits = {c: fit([r["length"] for r in rows if r.get("ckpt") == (c == "on")],
+                       [r["above_steady_state_mib"] for r in rows if r.get("ckpt") == (c == "on")])
+                for c in ("off", "on")}
+        print_table(rows, ["length", "ckpt", "base_mib", "peak_mib", "above_steady_state_mib"])
+        print(json.dumps(fits))
+        print(f"wrote {write_results(args.out, rows, {'model': 'qwen2-100m', 'fits': fits})}")
+        return
     overrides: dict = {"train.memory_budget_gib": args.budget}
     if args.force:
         overrides["train.gradient_checkpointing"] = args.force == "on"

@@ -33,8 +33,9 @@ from grpo.config import ConfigError
 
 GIB = 2 ** 30
 #: Values stored per token and layer for the backward pass, as (a, b) in a x hidden + b x intermediate: 14,848
-#: on the 100M Qwen2 (hidden 768, intermediate 2048), whose update measured 0.66 MiB per token over 12 layers
-#: (14,400 float32 values per layer; 2056-token row, bench/long_completions.py) and 0.083 MiB with checkpointing.
+#: on the 100M Qwen2 (hidden 768, intermediate 2048), whose update measured 0.70 MiB per token over 12 layers
+#: (15,200 float32 values per layer; `bench/long_completions.py --update-only 512,1024,2048`, 714 MiB per 1k
+#: tokens) and 0.01-0.08 MiB per token with checkpointing (the estimate here: 0.10).
 LAYER_VALUES = (10.0, 3.5)
 #: Transient values per token of a no-grad forward (one layer's temporaries alive at a time): a H + b I; 14,336
 #: on the 100M Qwen2, which measured 0.055 MiB (14,400 values) per token (backbone, 1024 -> 2048 tokens).
