@@ -36,6 +36,7 @@ from grpo.state.resume import announce_run, begin_run, check_resumable, find_che
 from grpo.state.signals import GracefulStop
 from grpo.training.callbacks import CallbackList
 from grpo.training.loop import seed_everything, wants_checkpoint
+from grpo.training.runtime import resolve_device
 from grpo.training.update import build_optimizer
 from grpo.types import TrainState
 
@@ -116,7 +117,8 @@ def _run(cfg: Config, task: FlowTask, model: FlowModel | None, callbacks: Callba
     start = time.perf_counter()
     tc, fc = cfg.train, cfg.flow
     seed_everything(tc.seed)
-    device = torch.device("cpu") if model is None else next(model.parameters()).device
+    # model.device (auto: CUDA when available) for a model loaded here; a given model stays where it is
+    device = resolve_device(cfg.model.device) if model is None else next(model.parameters()).device
     model = load_model(cfg, task, device) if model is None else model
     train_prompts, held_out = task.prompts(fc.split_seed, fc.held_out_fraction)
     reference = frozen_copy(model) if VARIANTS[fc.variant].kl else None

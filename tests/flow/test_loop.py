@@ -102,3 +102,12 @@ def test_bad_values_are_refused_naming_the_key(key, value, message):
 def test_a_missing_model_directory_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a flow model directory"):
         run_flow(_cfg(tmp_path / "y", **{"flow.model": str(tmp_path / "missing")}))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_model_device_is_honoured_for_a_model_built_by_the_loop(tmp_path):
+    """model.device places a model the loop builds (auto: CUDA when available): cuda here is refused by name,
+    before anything is written."""
+    with pytest.raises(ConfigError, match="model.device=cuda:0: CUDA is not available"):
+        run_flow(_cfg(tmp_path / "z", **{"model.device": "cuda"}))
+    assert not (tmp_path / "z" / "metrics.jsonl").exists()
