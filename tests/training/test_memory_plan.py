@@ -105,11 +105,11 @@ def tiny_qwen2(vocab=48) -> transformers.Qwen2ForCausalLM:
     return transformers.Qwen2ForCausalLM(cfg).double()
 
 
-def long_batch(N=4, P=6, T=120, vocab=48) -> TrainBatch:
+def long_batch(N=4, P=6, T=64, vocab=48) -> TrainBatch:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(2, vocab, (N, P + T), generator=g)
     mask = torch.ones(N, P + T, dtype=torch.long)
-    lengths = torch.tensor([120, 97, 120, 64])                            # two rows ended early (EOS)
+    lengths = torch.tensor([64, 51, 64, 30])                              # two rows ended early (EOS)
     cm = (torch.arange(T)[None, :] < lengths[:, None]).double()
     mask[:, P:] = cm.long()
     return TrainBatch(ids, mask, cm, torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=torch.float64), None, None)
@@ -117,7 +117,7 @@ def long_batch(N=4, P=6, T=120, vocab=48) -> TrainBatch:
 
 def test_tight_budget_picks_checkpointing_and_the_update_is_unchanged(monkeypatch):
     model = tiny_qwen2()
-    P, T = 6, 120
+    P, T = 6, 64
     cfg = build_config(overrides={"rollout.max_new_tokens": T, "rollout.num_generations": 2,
                                   "train.prompts_per_step": 2, "algorithm.beta": 0.0})
     shape, step = model_shape(model, 8), step_shape(cfg, P)
