@@ -41,6 +41,11 @@ def _table(before: dict, after: dict) -> str:
         b = before[key] if key == "accuracy" else before["per_type"][key]
         a = after[key] if key == "accuracy" else after["per_type"][key]
         lines.append(f"{key:18s} {b:8.3f} {a:8.3f} {a - b:+8.3f}")
+    for key in ("worked_share", "worked_accuracy", "direct_accuracy"):      # vlm_sft.mode_stats
+        b, a = before.get(key), after.get(key)
+        cells = [f"{v:8.3f}" if v is not None else f"{'-':>8s}" for v in (b, a)]
+        change = f"{a - b:+8.3f}" if a is not None and b is not None else f"{'-':>8s}"
+        lines.append(f"{key:18s} {cells[0]} {cells[1]} {change}")
     return "\n".join(lines)
 
 

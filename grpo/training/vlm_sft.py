@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from grpo.algorithms.schedule import lr_factor
 from grpo.data.prompts import tokenize_prompts
 from grpo.data.tasks import shapes_vqa
-from grpo.modeling.vlm import (build_image_processor, build_vlm, build_vlm_tokenizer, save_vlm, vision_rows)
+from grpo.modeling.vlm import (build_image_processor, build_vlm, build_vlm_tokenizer, load_vlm, save_vlm,
+                               vision_rows)
+from grpo.rewards.text import answer_block, think_answer_parts
 from grpo.rollout import sample
 from grpo.training.experience import decode_completions
 from grpo.training.sft import IGNORE_INDEX, build_batch
@@ -69,19 +71,46 @@ def evaluate(model, tokenizer, rows: list[dict], temperature: float = 0.0, num_g
     per_type = {q: shapes_vqa.accuracy([t for t, r in zip(texts, expanded) if r["qtype"] == q],
                                        [r for r in expanded if r["qtype"] == q]) for q in shapes_vqa.QUESTIONS}
     return {"accuracy": shapes_vqa.accuracy(texts, expanded), "per_type": per_type, "n": len(texts),
-            "example": texts[0] if texts else ""}
+            **mode_stats(texts, expanded), "example": texts[0] if texts else ""}
+
+
+def is_worked(completion: str) -> bool:
+    """True when the completion describes something in ``<think>`` before answering (the worked mode);
+    False for an empty or whitespace-only reasoning (the direct mode) or a malformed completion."""
+    parts = think_answer_parts(completion)
+    return parts is not None and parts[0].strip() != ""
+
+
+def mode_stats(texts: list[str], rows: list[dict]) -> dict:
+    """Share of worked completions and the accuracy of each mode (None when a mode never occurs)."""
+    worked = [is_worked(t) for t in texts]
+    right = [answer_block(t) == r["answer"] for t, r in zip(texts, rows)]
+
+    def acc(mode: bool):
+        hits = [ok for ok, w in zip(right, worked) if w == mode]
+        return float(np.mean(hits)) if hits else None
+    return {"worked_share": float(np.mean(worked)) if texts else 0.0, "worked_accuracy": acc(True),
+            "direct_accuracy": acc(False)}
 
 
 def run_vlm_sft(steps: int, batch_size: int, lr: float, seed: int = 0, num_examples: int = 4000,
                 image_size: int = shapes_vqa.IMAGE_SIZE, log_every: int = 50, size: dict | None = None,
-                worked_fraction: float = 1.0, qtypes: tuple[str, ...] = tuple(shapes_vqa.QUESTIONS)):
+                worked_fraction: float = 1.0, qtypes: tuple[str, ...] = tuple(shapes_vqa.QUESTIONS),
+                patch_size: int = 8, direct_noise: float = 0.0, init: str | Path | None = None):
     """Build the tiny VLM and train it `steps` AdamW steps on demonstrations, a share `worked_fraction` of
     them worked (the others direct, fixed per example), question types drawn from `qtypes` (repeat a name to
-    weight it); returns (model, tokenizer, processor, log).
+    weight it). `direct_noise`: the share of direct demonstrations whose answer comes from a noisy teacher
+    that guesses without looking (shapes_vqa.guess_answer; fixed per example); worked ones are always right.
+    `init`: continue from a saved VLM (grpo.modeling.vlm.save_vlm's directory) instead of a fresh one
+    (image_size, size and patch_size are then the saved model's). Returns (model, tokenizer, processor, log).
     Linear warm-up (5%) then cosine decay to 10% (grpo.algorithms.schedule)."""
-    tokenizer = build_vlm_tokenizer(shapes_vqa.WORDS)
-    processor = build_image_processor(image_size)
-    model = build_vlm(tokenizer, image_size=image_size, seed=seed, size=size)
+    if init is not None:
+        model, tokenizer, processor = load_vlm(init)
+        torch.manual_seed(seed)
+    else:
+        tokenizer = build_vlm_tokenizer(shapes_vqa.WORDS)
+        processor = build_image_processor(image_size)
+        model = build_vlm(tokenizer, image_size=image_size, patch_size=patch_size, seed=seed, size=size)
     rows = vision_rows(shapes_vqa.generate("train", num_examples, seed=seed, size=image_size, qtypes=qtypes), processor, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
@@ -90,6 +119,9 @@ def run_vlm_sft(steps: int, batch_size: int, lr: float, seed: int = 0, num_examp
     rng = np.random.default_rng(seed)
     order, log, t0 = rng.permutation(len(rows)), [], time.perf_counter()
     worked = rng.random(len(rows)) < worked_fraction                                    # [num_examples] bool
+    if direct_noise > 0:
+        noisy = (rng.random(len(rows)) < direct_noise) & ~worked                        # [num_examples] bool
+        rows = [{**r, "answer": shapes_vqa.guess_answer(r, rng)} if n else r for r, n in zip(rows, noisy)]
     model.train()
     for step in range(steps):
         idx = [order[(step * batch_size + i) % len(rows)] for i in range(batch_size)]
@@ -128,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qtype-weights", default="",
                    help="question-type weights of the demonstrations, e.g. count=6,where=1 (default: all 1)")
     p.add_argument("--worked-fraction", type=float, default=1.0, help="share of worked demonstrations (the rest direct)")
+    p.add_argument("--patch-size", type=int, default=8, help="vision tower patch side in pixels (16: one per quadrant)")
+    p.add_argument("--vision-hidden", type=int, default=64, help="width of the vision tower")
+    p.add_argument("--direct-noise", type=float, default=0.0,
+                   help="share of direct demonstrations whose answer is a guess (noisy teacher; worked ones stay right)")
+    p.add_argument("--init", default=None, help="continue from this saved VLM directory (default: a fresh model)")
     p.add_argument("--eval-examples", type=int, default=400)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     a = p.parse_args(argv)
@@ -135,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     model, tokenizer, processor, log = run_vlm_sft(a.steps, a.batch_size, a.lr, a.seed, a.num_examples,
-                                                  worked_fraction=a.worked_fraction, qtypes=weighted_qtypes(a.qtype_weights))
+                                                  worked_fraction=a.worked_fraction, qtypes=weighted_qtypes(a.qtype_weights),
+                                                  size={"vision_hidden": a.vision_hidden}, patch_size=a.patch_size,
+                                                  direct_noise=a.direct_noise, init=a.init)
     train_s = time.perf_counter() - t0
     held = vision_rows(shapes_vqa.generate("test", a.eval_examples, seed=0), processor, model)
     greedy = evaluate(model, tokenizer, held)
@@ -144,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"train_s": round(train_s, 1), "greedy": greedy, "sampled_t1": sampled, "log": log, "args": vars(a)}
     Path(a.out, "sft_report.json").write_text(json.dumps(report, indent=1))
     print(json.dumps({"train_s": report["train_s"], "greedy": greedy["accuracy"], "sampled": sampled["accuracy"],
-                      "per_type_greedy": greedy["per_type"]}))
+                      "per_type_greedy": greedy["per_type"],
+                      **{f"{k}_{m}": v for k, d in (("greedy", greedy), ("sampled", sampled))
+                         for m, v in d.items() if m.startswith(("worked", "direct"))}}))
     return 0
 
 

@@ -80,3 +80,11 @@ def test_the_description_reward_scores_the_objects_the_reasoning_names():
                                         scene_words=[truth] * 5)
     assert got == [0.5, 1.0, 2 / 3, 0.0, 0.0]           # |named & true| / max(|named|, |true|); no format -> 0
     assert shapes_vqa.description_reward(None, [done(truth)]) == [None]
+
+
+def test_a_guess_is_drawn_from_every_answer_of_the_question_type():
+    row = {"qtype": "count_colour", "answer": "2"}
+    assert [shapes_vqa.guess_answer(row, Pick(k)) for k in range(4)] == ["0", "1", "2", "3"]
+    assert set(shapes_vqa.ANSWERS) == set(QUESTIONS)
+    for q, answers in shapes_vqa.ANSWERS.items():          # every generated answer is in its type's answer space
+        assert all(r["answer"] in answers for r in generate("train", 40, seed=3, qtypes=(q,)))

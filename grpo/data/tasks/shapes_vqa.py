@@ -67,6 +67,10 @@ def _shape_at(scene: Scene, rng: np.random.Generator) -> tuple[str, str]:
 QUESTIONS: dict[str, Callable] = {"count": _count, "count_colour": _count_colour, "colour_of": _colour_of,
                                   "where": _where, "shape_at": _shape_at}
 
+#: question type -> every answer it can have (the answer space a noisy teacher draws from).
+ANSWERS: dict[str, tuple[str, ...]] = {"count": ("1", "2", "3"), "count_colour": ("0", "1", "2", "3"),
+                                       "colour_of": COLOURS, "where": POSITIONS, "shape_at": SHAPES}
+
 #: Every word a prompt or a demonstration uses (the VLM's word-level vocabulary, grpo.modeling.vlm).
 WORDS = sorted({w for pos in POSITIONS for w in pos.split()} | set(SHAPES) | set(COLOURS) | {"0", "1", "2", "3"}
                | set("how many shapes are there ? what colour is the where shape at and".split()))
@@ -81,6 +85,13 @@ def demonstration(row: dict, worked: bool = True) -> str:
     """The SFT target of a row: worked, ``<think> description </think> <answer> answer </answer>``; direct
     (worked=False), ``<think> </think> <answer> answer </answer>``: the answer without describing first."""
     return f"<think> {row['scene_words'] if worked else ''} </think> <answer> {row['answer']} </answer>".replace("  ", " ")
+
+
+def guess_answer(row: dict, rng: np.random.Generator) -> str:
+    """An answer to `row`'s question drawn uniformly from every answer of its type (ANSWERS), right or not:
+    what a teacher that answers without looking at the image writes (the noisy teacher of vlm_sft)."""
+    answers = ANSWERS[row["qtype"]]
+    return answers[rng.integers(len(answers))]
 
 
 def make_row(scene: Scene, qtype: str, rng: np.random.Generator, size: int = IMAGE_SIZE) -> dict | None:
