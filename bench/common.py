@@ -39,14 +39,18 @@ def wide_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
 
 def build_bench_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     """Build (once) and save a randomly initialised Qwen2 of shape `name`; returns its directory."""
-    out = Path(out_dir) / name
+    return build_qwen2(SHAPES[name], VOCAB, Path(out_dir) / name, seed)
+
+
+def build_qwen2(shape: dict[str, int], vocab_size: int, out: Path, seed: int = 0) -> Path:
+    """Build (once) and save a randomly initialised, tied-embedding Qwen2 of `shape` (Qwen2Config's size
+    keys) with the wide tokenizer of `vocab_size` tokens in `out`; returns `out`."""
     if (out / "config.json").is_file():
         return out
-    tok = wide_tokenizer()
+    tok = wide_tokenizer(vocab_size)
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=True,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
-                      **SHAPES[name])
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, **shape)
     model = Qwen2ForCausalLM(cfg)
     model.generation_config = GenerationConfig(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                                                bos_token_id=None)

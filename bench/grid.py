@@ -52,23 +52,8 @@ POINTS: dict[str, dict] = {
 }
 QUICK = ["h64-l2", "h128-l4"]
 
-OURS = r"""
-import json, resource, statistics, sys
-import torch
-from grpo.config import build_config
-from grpo.api.trainer import train
-spec = json.loads(sys.argv[1])
-cfg = build_config(overrides={
-    "model.path": spec["model"], "data.dataset": spec["data"], "data.shuffle": False,
-    "reward.functions": ["accuracy", "format"], "rollout.num_generations": spec["G"],
-    "rollout.max_new_tokens": spec["new_tokens"], "rollout.temperature": 1.0,
-    "algorithm.beta": spec["beta"], "algorithm.loss_agg_mode": "seq-mean-token-mean",
-    "algorithm.scale_rewards": "group", "optim.lr": spec["lr"], "optim.adam_beta1": 0.9, "optim.adam_beta2": 0.99,
-    "optim.weight_decay": 0.0, "optim.max_grad_norm": 1.0, "optim.lr_scheduler": "constant",
-    "train.prompts_per_step": spec["prompts"], "train.micro_batch_size": 0, "train.max_steps": spec["steps"],
-    "train.num_threads": spec["threads"], "train.output_dir": spec["out"], "train.save_final": False,
-    "log.progress_bar": False})
-result = train(cfg)
+OURS_TAIL = r"""
+import statistics
 rows = [json.loads(line) for line in open(spec["out"] + "/metrics.jsonl")]
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 # the rollout against model.generate on the same prompts, EOS on (bench/speed.py), alternating twice
@@ -102,25 +87,9 @@ def shape_config(hidden: int, layers: int) -> dict[str, int]:
 
 def build_model(hidden: int, layers: int, vocab: int, seed: int = 0) -> Path:
     """Build (once) a randomly initialised Qwen2 of this shape and vocabulary; returns its directory."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from bench.common import build_qwen2
 
-    from bench.common import wide_tokenizer
-
-    out = MODELS_DIR / f"h{hidden}-l{layers}-v{vocab}"
-    if (out / "config.json").is_file():
-        return out
-    tok = wide_tokenizer(vocab)
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=True,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
-                      **shape_config(hidden, layers))
-    model = Qwen2ForCausalLM(cfg)
-    model.generation_config = GenerationConfig(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                                               bos_token_id=None)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return build_qwen2(shape_config(hidden, layers), vocab, MODELS_DIR / f"h{hidden}-l{layers}-v{vocab}", seed)
 
 
 def params_of(model_dir: Path) -> int:
@@ -131,13 +100,13 @@ def params_of(model_dir: Path) -> int:
 
 def run(side: str, spec: dict) -> dict:
     """One run in a fresh process (ours: also the rollout-vs-generate timing)."""
-    from bench.trl_compare import TRL, TRL_PYTHON
+    from bench.trl_compare import OURS_TRAIN, TRL, TRL_PYTHON
 
     python = str(TRL_PYTHON) if side == "trl" else sys.executable
     threads = spec["threads"] or (os.cpu_count() or 1)         # torch's default: one per core
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
     child = {**spec, "threads": threads}
-    proc = subprocess.run([python, "-c", TRL if side == "trl" else OURS, json.dumps(child)], capture_output=True,
+    proc = subprocess.run([python, "-c", TRL if side == "trl" else OURS_TRAIN + OURS_TAIL, json.dumps(child)], capture_output=True,
                           text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"bench/grid.py: the {side} run of {spec['name']} failed:\n{proc.stderr[-4000:]}")

@@ -35,7 +35,7 @@ CONFIGS = {
 }
 BETA = 0.04
 
-OURS = r"""
+OURS_TRAIN = r"""
 import json, resource, sys, time
 import torch
 from grpo.config import build_config
@@ -51,7 +51,9 @@ cfg = build_config(overrides={
     "train.prompts_per_step": spec["prompts"], "train.micro_batch_size": 0, "train.max_steps": spec["steps"],
     "train.num_threads": spec["threads"], "train.output_dir": spec["out"], "train.save_final": False,
     "log.progress_bar": False})
-train(cfg)
+result = train(cfg)
+"""
+OURS = OURS_TRAIN + r"""
 steps = [json.loads(line)["time/step_s"] for line in open(spec["out"] + "/metrics.jsonl")]
 print(json.dumps({"step_s": steps, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
