@@ -26,13 +26,14 @@ def test_the_demo_wiring_writes_summary_metrics_and_curves(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_shapes_vqa_demo_runs_on_the_committed_cold_start_without_collapse(tmp_path):
-    """The committed cold-start VLM, GRPO shortened (30 steps, 64 questions). The demo's goal (+15 points of
-    held-out accuracy) is NOT reached yet (docs/vlm.md: measured -4.3 points after 100 steps): this checks that
-    the run completes on the real asset, the cold start reads as measured, and accuracy does not collapse."""
+def test_the_shapes_vqa_demo_raises_held_out_accuracy_by_selecting_the_worked_mode(tmp_path):
+    """The committed cold start, GRPO shortened (30 steps, 64 questions): greedy decoding starts direct (the
+    noisy teacher's guesses, about a third right) and GRPO makes it describe the scene first, which is right
+    far more often (docs/vlm.md: 100 steps measured +30 points on 256 questions)."""
     s = run_shapes_vqa_demo(tmp_path / "demo", steps=30, eval_problems=64)
-    assert s["before"]["accuracy"] >= 0.5, s                      # the asset's measured 61.7% on 256 questions
-    assert s["after"]["accuracy"] >= s["before"]["accuracy"] - 0.15, s
+    assert s["before"]["worked_share"] < 0.1 and s["before"]["accuracy"] < 0.45, s
+    assert s["after"]["worked_share"] > 0.8, s
+    assert s["after"]["accuracy"] >= s["before"]["accuracy"] + 0.15, s
     assert (tmp_path / "demo" / "report.html").is_file()
 
 
@@ -40,7 +41,7 @@ def test_the_shapes_vqa_demo_runs_on_the_committed_cold_start_without_collapse(t
 def test_grpo_through_the_image_path_learns_a_learnable_reward(tmp_path):
     """The same trainer and image path on the committed VLM learn a reward the policy controls directly:
     "answer red" goes from a few percent of the samples to about half of them in 20 steps (measured 5% -> 58%,
-    mean of the first and last three steps)."""
+    mean of the first and last three steps, on the previous worked-only cold start; passes on the current one)."""
     import json
 
     import grpo
