@@ -1,7 +1,8 @@
 """`grpo demo --task shapes-vqa`: VLM-R1 / R1-V style GRPO on a tiny vision-language model (docs/vlm.md).
 
 Loads the cold-start VLM (grpo/assets/shapes-vqa-sft: a LLaVA-style model built from a transformers config,
-partially trained by SFT), evaluates it on held-out questions about images of the shapes world, runs GRPO
+trained by SFT to answer either after describing the scene (worked) or at once with a noisy teacher's guess
+(direct), mostly direct), evaluates it on held-out questions about images of the shapes world, runs GRPO
 through grpo.Trainer (pixel values passed with every prompt; exact-match and format rewards), evaluates again.
 Writes DIR/summary.json, DIR/metrics.jsonl, DIR/curves.png and DIR/report.html.
 """
@@ -20,6 +21,7 @@ from grpo.config import build_config
 #: The cold-start policy of the demo (grpo/assets/shapes-vqa-sft/README.md).
 SHAPES_VQA_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "shapes-vqa-sft"
 
+#: Measured: 100 steps take greedy held-out accuracy 30.5% -> 67.6% (worked share 0% -> 100%; docs/vlm.md).
 SHAPES_VQA_CONFIG: dict[str, dict[str, Any]] = {
     "rollout": {"num_generations": 8, "max_new_tokens": 24, "temperature": 1.0},
     "algorithm": {"beta": 0.0, "epsilon": 0.2},
