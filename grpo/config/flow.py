@@ -22,8 +22,9 @@ class FlowConfig:
     model: str | None = _f("grpo/assets/shapes-flow", "Flow model directory (config.json + model.safetensors); empty = a "
                     "new model of flow.model_dim/model_depth/model_patch (random weights).")
     reward: str = _f("geneval", "Training reward: geneval (colour, position, shape, count checks) | "
-                     "compositional (colour and position) | colour_proxy (share of pixels near the prompt's "
-                     "colour: hackable).")
+                     "compositional (some object's colour, some object's position: extra blobs game it) | "
+                     "compositional_main (the largest object's colour and position) | single (compositional_main / "
+                     "number of objects) | colour_proxy (share of pixels near the prompt's colour: hackable).")
     variant: str = _f("flow_grpo", "flow_grpo | flow_grpo_fast (a random SDE window) | mix_grpo (a sliding "
                       "SDE window, ODE elsewhere) | dance_grpo (constant sigma, shared initial noise, a random "
                       "subset of steps trained, no KL).")

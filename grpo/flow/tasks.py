@@ -7,7 +7,13 @@ new model for it, reward functions (`flow.reward` picks the training one) and ev
   (grpo/vision/shapes.py); labels (shape, colour, position). The checks come from grpo/vision/verify.py,
   GenEval-like (colour / position / shape / count):
     - reward ``geneval``: the mean of count_ok, colour_ok, position_ok, shape_ok (graded);
-    - reward ``compositional`` and metric ``compositional``: colour_ok and position_ok (the demo's measure);
+    - reward and metric ``compositional`` (the demo's measure): colour_ok and position_ok of `match` (*some*
+      detection has the colour, *some* the quadrant: gamed by extra blobs); reward and metric
+      ``compositional_main``: the image's main object (its largest detection,
+      `grpo.vision.verify.main_object`) has the asked colour and sits in the asked quadrant, so a blob in
+      every quadrant does not pass it;
+    - reward ``single``: ``compositional_main`` divided by the number of detections (1 for one clean object,
+      1/2 with one extra blob, ...), a count term so extra blobs cost reward;
     - metric ``gold``: exactly one object, of the right colour, in the right place (count_ok, colour_ok and
       position_ok), never a training reward, so a reward that can be gamed (extra blobs, painted
       backgrounds) shows as gold falling; metric ``exact``: all_ok, the scene with its shape too (strict:
@@ -29,7 +35,7 @@ import torch
 from grpo.flow.mixture import default_mixture, nearest_component
 from grpo.flow.models import FlowModel, MLPFlow, TinyDiT
 from grpo.vision.shapes import COLOUR_RGB, COLOURS, POSITIONS, SHAPES, Scene, prompt_of, split_scenes, to_uint8
-from grpo.vision.verify import match
+from grpo.vision.verify import main_object, match
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,28 @@ def _from_checks(key: Callable[[dict], float]) -> Metric:
     return metric
 
 
+def _main_checks(images: torch.Tensor, prompts: list[Prompt]) -> list[tuple[bool, int]]:
+    """(the main object has the asked colour and quadrant, number of detections) per image."""
+    out = []
+    for img, p in zip(images, prompts):
+        main, count = main_object(to_uint8(img))
+        obj = p.scene.objects[0]
+        out.append((main is not None and main.colour == obj.colour and main.position == obj.position, count))
+    return out
+
+
+def main_compositional(images: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
+    """1 when the largest detection has the asked colour and quadrant.   [N, 3, H, W] -> [N]"""
+    return torch.tensor([float(ok) for ok, _ in _main_checks(images, prompts)], dtype=torch.float32,
+                        device=images.device)
+
+
+def single(images: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
+    """main_compositional / number of detections: extra blobs cost reward.   [N, 3, H, W] -> [N]"""
+    return torch.tensor([float(ok) / max(count, 1) for ok, count in _main_checks(images, prompts)],
+                        dtype=torch.float32, device=images.device)
+
+
 def colour_proxy(images: torch.Tensor, prompts: list[Prompt]) -> torch.Tensor:
     """Share of pixels within 0.5 (in [-1, 1] units, per channel) of the prompt's colour.   [N, 3, H, W] -> [N]"""
     rgb = torch.tensor([COLOUR_RGB[p.scene.objects[0].colour] for p in prompts], dtype=torch.float32,
@@ -114,10 +142,10 @@ SHAPES_TASK = FlowTask(
     prompts=shape_prompts,
     new_model=lambda fc: TinyDiT([len(SHAPES), len(COLOURS), len(POSITIONS)], image_size=fc.image_size,
                                  patch=fc.model_patch, dim=fc.model_dim, depth=fc.model_depth),
-    rewards={"geneval": _from_checks(lambda c: c["score"]),
+    rewards={"geneval": _from_checks(lambda c: c["score"]), "compositional_main": main_compositional, "single": single,
              "compositional": _from_checks(lambda c: c["colour_ok"] and c["position_ok"]),
              "placement": placement, "colour_proxy": colour_proxy},
-    metrics={"geneval": _from_checks(lambda c: c["score"]),
+    metrics={"geneval": _from_checks(lambda c: c["score"]), "compositional_main": main_compositional,
              "compositional": _from_checks(lambda c: c["colour_ok"] and c["position_ok"]),
              "gold": _from_checks(lambda c: c["count_ok"] and c["colour_ok"] and c["position_ok"]),
              "exact": _from_checks(lambda c: c["all_ok"]), "placement": placement,

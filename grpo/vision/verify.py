@@ -131,3 +131,10 @@ def match(img: np.ndarray, scene: Scene, min_area: float = MIN_AREA) -> dict:
     return {"count_ok": count_ok, "colour_ok": colour_ok, "position_ok": position_ok, "shape_ok": shape_ok,
             "binding_ok": binding_ok, "all_ok": count_ok and binding_ok,
             "score": (count_ok + colour_ok + position_ok + shape_ok) / 4.0, "detections": found}
+
+
+def main_object(img: np.ndarray, min_area: float = MIN_AREA) -> tuple[Detection | None, int]:
+    """The largest detection of an image (None when nothing is detected) and the number of detections:
+    a check made on the main object alone is not passed by scattering extra blobs."""
+    found = detect(img, min_area)
+    return (max(found, key=lambda d: d.pixels) if found else None), len(found)

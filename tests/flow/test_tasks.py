@@ -56,3 +56,27 @@ def test_placement_rewards_the_asked_quadrant_and_colour_only():
     assert placement(-torch.ones_like(exact), ps).tolist() == [0.0] * 6       # nothing lit
     doubled = torch.maximum(exact, exact.roll(8, dims=2))                       # a copy in the other row too
     assert placement(doubled, ps).tolist() == [0.5] * 6
+
+
+def test_extra_blobs_game_compositional_but_not_compositional_main_and_cost_the_single_reward():
+    from grpo.flow.tasks import main_compositional, single
+
+    ps = SHAPES_TASK.prompts(0, 0.25)[1][:4]
+    exact = torch.stack([to_tensor(render(p.scene), "cpu") for p in ps])
+    assert main_compositional(exact, ps).tolist() == [1.0] * 4 and single(exact, ps).tolist() == [1.0] * 4
+    # the object copied into the other three quadrants: 4 equal blobs, the main one (first found) may be any
+    four = torch.maximum(torch.maximum(exact, exact.roll(8, dims=2)), torch.maximum(exact.roll(8, dims=3),
+                                                                                    exact.roll((8, 8), dims=(2, 3))))
+    assert SHAPES_TASK.metrics["compositional"](four, ps).tolist() == [1.0] * 4     # gamed
+    assert SHAPES_TASK.metrics["gold"](four, ps).tolist() == [0.0] * 4
+    assert all(v in (0.0, 0.25) for v in single(four, ps).tolist())
+    # a small extra blob: the main object still passes compositional, single halves
+    speck = exact.clone()
+    q = ps[0].scene.objects[0].position
+    r, c = (1 if q.startswith("bottom") else 12), (1 if q.endswith("right") else 12)
+    speck[0, :, r:r + 2, c:c + 2] = 1.0                  # a white 2x2 blob (4 px) in the opposite quadrant
+    assert main_compositional(speck[:1], ps[:1]).item() == 1.0 and single(speck[:1], ps[:1]).item() == 0.5
+    # a larger blob of the wrong colour elsewhere: the main object is the wrong one
+    bigger = exact[:1].clone()
+    bigger[0, :, max(r - 2, 0):max(r - 2, 0) + 6, max(c - 2, 0):max(c - 2, 0) + 6] = 1.0   # 36 white px
+    assert main_compositional(bigger, ps[:1]).item() == 0.0

@@ -81,3 +81,15 @@ def test_the_pieces_on_hand_made_inputs():
     assert quadrant(7.9, 8.1, 16, 16) == "top right" and quadrant(8.0, 0.0, 16, 16) == "bottom left"
     with pytest.raises(ValueError, match="detect"):
         detect(np.zeros((16, 16), dtype=np.uint8))
+
+
+def test_main_object_is_the_largest_detection_and_counts_the_rest():
+    from grpo.vision.verify import main_object
+
+    img = np.zeros((16, 16, 3), dtype=np.uint8)
+    assert main_object(img) == (None, 0)
+    img[9:15, 9:15] = COLOUR_RGB["blue"]                 # 36 px, bottom right
+    img[1:3, 1:3] = COLOUR_RGB["red"]                    # 4 px, top left
+    img[0, 15] = COLOUR_RGB["green"]                     # a 1-px speck: not a detection
+    main, count = main_object(img)
+    assert (main.colour, main.position, main.pixels, count) == ("blue", "bottom right", 36, 2)
