@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import build_config
+from grpo.config import demo_config
 
 # The demo's training settings (every other key keeps its default; see `grpo train --help-config`).
 DEMO_CONFIG: dict[str, dict[str, Any]] = {
@@ -48,13 +48,10 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)  # a fresh run: the demo's metrics are this run's only
-    flat = {"train.output_dir": str(out), "train.seed": seed, **(overrides or {})}
-    if steps is not None:
-        flat["train.max_steps"] = steps
     base = dict(DEMO_CONFIG)
-    if flat.get("algorithm.preset"):  # a preset replaces the demo's algorithm settings (explicit keys still win)
+    if (overrides or {}).get("algorithm.preset"):  # a preset replaces the demo's algorithm settings (explicit keys still win)
         base.pop("algorithm")
-    cfg = build_config(base, flat)
+    cfg = demo_config(base, out, seed, steps, overrides)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(seed)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import build_config
+from grpo.config import demo_config
 from grpo.envs import ToolEnv
 
 CALCULATOR_CONFIG: dict[str, dict[str, Any]] = {
@@ -66,10 +66,7 @@ def run_calculator_demo(out_dir: str | Path = "runs/demo-calculator", *, steps: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
-    flat = {"train.output_dir": str(out), "train.seed": seed, **(overrides or {})}
-    if steps is not None:
-        flat["train.max_steps"] = steps
-    cfg = build_config(CALCULATOR_CONFIG, flat)
+    cfg = demo_config(CALCULATOR_CONFIG, out, seed, steps, overrides)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(seed)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import build_config
+from grpo.config import demo_config
 
 #: The cold-start policy of the demo (grpo/assets/shapes-vqa-sft/README.md).
 SHAPES_VQA_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "shapes-vqa-sft"
@@ -66,10 +66,7 @@ def run_shapes_vqa_demo(out_dir: str | Path = "runs/demo-shapes-vqa", *, steps: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
-    flat = {"train.output_dir": str(out), "train.seed": seed, **(overrides or {})}
-    if steps is not None:
-        flat["train.max_steps"] = steps
-    cfg = build_config(SHAPES_VQA_CONFIG, flat)
+    cfg = demo_config(SHAPES_VQA_CONFIG, out, seed, steps, overrides)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(seed)

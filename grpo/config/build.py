@@ -143,6 +143,16 @@ def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any]
     return cfg
 
 
+def demo_config(base: dict[str, Any], output_dir: str | Path, seed: int, steps: int | None = None,
+                overrides: dict[str, Any] | None = None) -> Config:
+    """A demo's settings: `base` (nested) with train.output_dir and train.seed, `steps` as train.max_steps
+    when given, then `overrides` (flat keys) last."""
+    flat = {"train.output_dir": str(output_dir), "train.seed": seed, **(overrides or {})}
+    if steps is not None:
+        flat["train.max_steps"] = steps
+    return build_config(base, flat)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file; errors name the file (and line, when YAML reports one)."""
     p = Path(path)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo.config import build_config
+from grpo.config import demo_config
 from grpo.flow.evaluate import sample_images
 from grpo.flow.loop import check_flow_config, load_model, run_flow
 from grpo.state.metrics import read_metrics
@@ -98,10 +98,7 @@ def run_flow_demo(out_dir: str | Path = "runs/flow-demo", *, steps: int | None =
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)              # the demo's metrics are this run's only
-    flat = {"train.output_dir": str(out), "train.seed": seed, **(overrides or {})}
-    if steps is not None:
-        flat["train.max_steps"] = steps
-    cfg = build_config(DEMO_CONFIG, flat)
+    cfg = demo_config(DEMO_CONFIG, out, seed, steps, overrides)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     task = check_flow_config(cfg)
