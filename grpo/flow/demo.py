@@ -119,7 +119,7 @@ def run_flow_demo(out_dir: str | Path = "runs/flow-demo", *, steps: int | None =
     summary = {"before": before, "after": after, "steps": result.steps, "held_out_prompts": [p.text for p in held_out],
                "images_per_prompt": n, "wall_s": round(time.perf_counter() - start, 1),
                "train_wall_s": round(result.wall_s, 1), "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-               "config": {k: v for k, v in flat.items() if k != "train.output_dir"}}
+               "config": {"train.seed": seed, "train.max_steps": cfg.train.max_steps, **(overrides or {})}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {out / 'summary.json'}, {out / 'metrics.jsonl'}, {out / 'curves.png'}, {grid} "
           f"({summary['wall_s']:.0f}s)")
