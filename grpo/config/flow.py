@@ -52,6 +52,10 @@ class FlowConfig:
     split_seed: int = _f(0, "Seed of the train / held-out split of the prompts (the base model was pre-trained on "
                          "the training prompts of split 0).")
     held_out_fraction: float = _f(0.25, "Share of the prompts held out of training (and of pre-training).")
+    train_unseen_fraction: float = _f(0.0, "Share of the held-out prompts (unseen in pre-training) that Flow-GRPO "
+                                      "trains on; the evaluation keeps the rest, unseen by both stages (0 = none).")
+    train_on_seen: bool = _f(True, "Flow-GRPO also trains on the prompts the base model was pre-trained on (false: "
+                             "only on the flow.train_unseen_fraction share of the held-out prompts).")
     eval_samples: int = _f(4, "Images per held-out prompt at evaluation.")
     eval_every: int = _f(0, "Evaluate the held-out prompts every this many steps (0 = never during training).")
     image_size: int = _f(16, "Image side in pixels (the shapes world renders at this size).")
@@ -76,6 +80,8 @@ class FlowConfig:
             (self.std in ("group", "global"), f"flow.std must be group or global, got {self.std!r}"),
             (0 < self.train_fraction <= 1, f"flow.train_fraction must be in (0, 1], got {self.train_fraction}"),
             (0 < self.held_out_fraction < 1, f"flow.held_out_fraction must be in (0, 1), got {self.held_out_fraction}"),
+            (0 <= self.train_unseen_fraction < 1, f"flow.train_unseen_fraction must be in [0, 1), got "
+                                                   f"{self.train_unseen_fraction}"),
             (self.eval_every >= 0, f"flow.eval_every must be >= 0, got {self.eval_every}"),
         ]
         from grpo.config.schema import ConfigError   # schema.py imports this module

@@ -26,7 +26,7 @@ from grpo.config import Config, ConfigError
 from grpo.flow.evaluate import evaluate
 from grpo.flow.experience import PromptStream, make_experience, step_generator
 from grpo.flow.models import FlowModel, load_flow_model
-from grpo.flow.tasks import TASKS, FlowTask
+from grpo.flow.tasks import TASKS, FlowTask, run_prompts
 from grpo.flow.update import flow_update
 from grpo.flow.variants import VARIANTS
 from grpo.health import HealthMonitor
@@ -120,7 +120,8 @@ def _run(cfg: Config, task: FlowTask, model: FlowModel | None, callbacks: Callba
     # model.device (auto: CUDA when available) for a model loaded here; a given model stays where it is
     device = resolve_device(cfg.model.device) if model is None else next(model.parameters()).device
     model = load_model(cfg, task, device) if model is None else model
-    train_prompts, held_out = task.prompts(fc.split_seed, fc.held_out_fraction)
+    train_prompts, held_out = run_prompts(task, fc.split_seed, fc.held_out_fraction, fc.train_unseen_fraction,
+                                          fc.train_on_seen)
     reference = frozen_copy(model) if VARIANTS[fc.variant].kl else None
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * fc.updates_per_step)
     state = TrainState(model, LabelVocab(fc.task, task.vocab), optimizer, scheduler, reference,

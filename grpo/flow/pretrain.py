@@ -6,7 +6,10 @@
 Only the training prompts of the split are seen, so held-out prompts are compositional generalisation.
 Deterministic for a seed and a thread count:
 
-    python -m grpo.flow.pretrain --out grpo/assets/shapes-flow --steps 1500 --seed 0 --threads 1 --depth 3
+    python -m grpo.flow.pretrain --out grpo/assets/shapes-flow --steps 3000 --threads 1 --patch 4 --dim 64 \
+        --depth 3 --lr 2e-3 --batch-size 64 --field-drop 0 0.75 0
+
+(the committed base of `grpo flow demo`; its README gives the measured numbers).
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ def drop_labels(labels: torch.Tensor, null: torch.Tensor, p: float, g: torch.Gen
     return torch.where(drop[:, None], null, labels)
 
 
+def drop_fields(labels: torch.Tensor, null: torch.Tensor, p_field: list[float], g: torch.Generator) -> torch.Tensor:
+    """Each field k of each row replaced by its null label with probability p_field[k], independently: a
+    caption that leaves out an attribute, so the model binds it weakly.   [N, K] -> [N, K]"""
+    p = torch.tensor(p_field, dtype=torch.float32, device=labels.device)
+    drop = torch.rand(labels.shape, generator=g, device=labels.device) < p
+    return torch.where(drop, null, labels)
+
+
 def training_set(prompts, variants: int, size: int, seed: int, device: torch.device):
     """`variants` jittered renders of each prompt's scene.   -> (images [P * variants, 3, H, W], labels [P * variants, K])"""
     rng = np.random.default_rng(seed)
@@ -49,8 +60,10 @@ def training_set(prompts, variants: int, size: int, seed: int, device: torch.dev
 
 
 def pretrain(model: FlowModel, images: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: int, lr: float,
-             seed: int, p_drop: float = 0.1, log_every: int = 50, on_save=None, save_every: int = 0) -> list[float]:
-    """AdamW on the flow-matching loss; returns the loss of every step (`on_save(step)` every `save_every` steps)."""
+             seed: int, p_drop: float = 0.1, log_every: int = 50, on_save=None, save_every: int = 0,
+             field_drop: list[float] | None = None) -> list[float]:
+    """AdamW on the flow-matching loss; returns the loss of every step (`on_save(step)` every `save_every` steps).
+    `field_drop` (one probability per label field) also drops single fields; all zero draws nothing more."""
     device = images.device
     g = torch.Generator(device=device).manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -63,6 +76,8 @@ def pretrain(model: FlowModel, images: torch.Tensor, labels: torch.Tensor, steps
         eps = torch.randn(x0.shape, generator=g, device=device)
         t = torch.rand(batch_size, generator=g, device=device)
         cond = drop_labels(labels[idx], null.expand(batch_size, -1), p_drop, g)
+        if field_drop is not None and any(field_drop):
+            cond = drop_fields(cond, null.expand(batch_size, -1), field_drop, g)
         loss = flow_matching_loss(model(interpolate(x0, eps, t), t, cond), x0, eps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -93,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--patch", type=int, default=4)
     p.add_argument("--label-drop", dest="label_drop", type=float, default=0.1)
+    p.add_argument("--field-drop", dest="field_drop", type=float, nargs="+", default=None, metavar="P",
+                   help="Also drop single label fields (shape, colour, position: one probability each) to their "
+                        "null label: captions that leave an attribute out, so the base binds it weakly.")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default).")
     p.add_argument("--save-every", dest="save_every", type=int, default=0,
                    help="Also save OUT/step-N every N steps (to pick a calibration).")
@@ -101,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     torch.manual_seed(args.seed)
+    if args.field_drop is not None and len(args.field_drop) != len(SHAPES_TASK.vocab):
+        p.error(f"--field-drop takes {len(SHAPES_TASK.vocab)} probabilities (shape, colour, position)")
     train, _ = SHAPES_TASK.prompts(args.split_seed, args.held_out_fraction)
     images, labels = training_set(train, args.variants, args.image_size, args.seed, device)
     from grpo.flow.models import TinyDiT
@@ -111,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     out = Path(args.out)
     losses = pretrain(model, images, labels, args.steps, args.batch_size, args.lr, args.seed, args.label_drop,
-                      on_save=lambda s: model.save_pretrained(out / f"step-{s}"), save_every=args.save_every)
+                      on_save=lambda s: model.save_pretrained(out / f"step-{s}"), save_every=args.save_every,
+                      field_drop=args.field_drop)
     wall = time.perf_counter() - start
     model.save_pretrained(out)
     (out / "pretrain.json").write_text(json.dumps({"args": vars(args), "wall_s": round(wall, 1),

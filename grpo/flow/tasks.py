@@ -58,6 +58,28 @@ class FlowTask:
     metrics: dict[str, Metric]                            # evaluation metrics (gold among them)
 
 
+def run_prompts(task: "FlowTask", seed: int, held_out_fraction: float, train_unseen_fraction: float = 0.0,
+                train_on_seen: bool = True) -> tuple[list[Prompt], list[Prompt]]:
+    """(Flow-GRPO's training prompts, its evaluation prompts). The task's split gives (seen, held out): the
+    base model was pre-trained on the seen prompts only. A share `train_unseen_fraction` of the held-out
+    prompts (picked by a permutation keyed by `seed`) becomes Flow-GRPO training prompts, unseen in
+    pre-training but now scored by the reward; the evaluation keeps the rest, unseen by both stages.
+    `train_on_seen`: Flow-GRPO also trains on the seen prompts. The defaults keep the task's split."""
+    from grpo.config.schema import ConfigError
+
+    seen, held = task.prompts(seed, held_out_fraction)
+    k = round(train_unseen_fraction * len(held))
+    if k >= len(held):
+        raise ConfigError(f"flow.train_unseen_fraction={train_unseen_fraction} leaves no held-out prompt to evaluate "
+                          f"on ({len(held)} held out)")
+    if k == 0 and not train_on_seen:
+        raise ConfigError("flow.train_on_seen=false needs flow.train_unseen_fraction > 0 (no training prompts left)")
+    order = torch.randperm(len(held), generator=torch.Generator().manual_seed(seed + 1)).tolist() if k else []
+    moved = set(order[:k])
+    return ((seen if train_on_seen else []) + [held[i] for i in order[:k]],
+            [p for i, p in enumerate(held) if i not in moved])
+
+
 def labels_tensor(prompts: list[Prompt], device: torch.device) -> torch.Tensor:
     """The label rows of prompts.   -> [N, K] long on `device`"""
     return torch.tensor([p.labels for p in prompts], dtype=torch.long, device=device)

@@ -1,6 +1,7 @@
 """Rewards and metrics of the shapes task on rendered images: the exact render scores 1 everywhere, an
 image painted in the prompt's colour games the proxy but not the gold metric, a wrong colour fails."""
 
+import pytest
 import torch
 
 from grpo.flow.tasks import SHAPES_TASK, diversity, mixture_hit, Prompt
@@ -80,3 +81,24 @@ def test_extra_blobs_game_compositional_but_not_compositional_main_and_cost_the_
     bigger = exact[:1].clone()
     bigger[0, :, max(r - 2, 0):max(r - 2, 0) + 6, max(c - 2, 0):max(c - 2, 0) + 6] = 1.0   # 36 white px
     assert main_compositional(bigger, ps[:1]).item() == 0.0
+
+
+def test_run_prompts_moves_a_share_of_the_held_out_prompts_into_training():
+    from grpo.config.schema import ConfigError
+    from grpo.flow.tasks import SHAPES_TASK, run_prompts
+
+    seen, held = SHAPES_TASK.prompts(0, 0.25)
+    assert run_prompts(SHAPES_TASK, 0, 0.25) == (seen, held)                     # 0: the task's split as it is
+    train, evaluation = run_prompts(SHAPES_TASK, 0, 0.25, 0.5)
+    assert train[:len(seen)] == seen and len(train) == 36 + 6 and len(evaluation) == 6
+    moved = train[len(seen):]
+    assert sorted(p.text for p in moved + evaluation) == sorted(p.text for p in held)   # a partition of the held out
+    assert not set(p.text for p in moved) & set(p.text for p in evaluation)
+    assert run_prompts(SHAPES_TASK, 0, 0.25, 0.5) == (train, evaluation)         # keyed by the seed
+    assert run_prompts(SHAPES_TASK, 1, 0.25, 0.5)[1] != evaluation
+    assert run_prompts(SHAPES_TASK, 0, 0.25, 0.5, train_on_seen=False) == (moved, evaluation)
+    with pytest.raises(ConfigError, match="flow.train_unseen_fraction"):
+        run_prompts(SHAPES_TASK, 0, 0.25, 0.99)                                   # nothing left to evaluate on
+    with pytest.raises(ConfigError, match="flow.train_on_seen"):
+        run_prompts(SHAPES_TASK, 0, 0.25, 0.0, train_on_seen=False)               # nothing left to train on
+
