@@ -17,9 +17,10 @@ saved, and :func:`grpo.state.export.export_merged` loads the base model from it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import contextlib
 import sys
+import warnings
+from pathlib import Path
 
 import torch
 
@@ -66,13 +67,23 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, base_path: str | Path | 
         raise ValueError("the model already has LoRA adapters")
     conv1d = any(isinstance(m, Conv1D) for m in model.modules())
     try:
-        with torch.device(model_device(model)):          # peft makes the A/B layers on the default device
+        with torch.device(model_device(model)), quiet_peft():  # peft makes the A/B layers on the default device
             peft_model = get_peft_model(model, peft_lora_config(cfg, fan_in_fan_out=conv1d))
     except ValueError as e:  # e.g. target modules not found in the model
         raise ValueError(f"lora.target_modules {list(cfg.target_modules)}: {str(e).splitlines()[0]}") from None
     if base_path is not None:
         peft_model.peft_config[peft_model.active_adapter].base_model_name_or_path = str(Path(base_path).resolve())
     return peft_model
+
+
+@contextlib.contextmanager
+def quiet_peft():
+    """Hides one FutureWarning that peft triggers on transformers 5.2x: ``PeftModel.__init__`` reads the
+    deprecated ``is_gradient_checkpointing`` property, so every LoRA run printed the warning on stderr
+    (before a one-line error, say). Other warnings pass."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def is_lora(model: torch.nn.Module) -> bool:

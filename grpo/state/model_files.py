@@ -87,9 +87,12 @@ def load_checkpoint(checkpoint_dir: str | Path, dtype: str | None = None):
         return load_policy(directory, dtype or stored_dtype(directory))
     from peft import PeftModel
 
+    from grpo.modeling.lora import quiet_peft
+
     base_dir = adapter_base_dir(directory)
     base, tokenizer = load_policy(base_dir, dtype or stored_dtype(base_dir))
     if any((directory / name).is_file() for name in TOKENIZER_FILES):
         tokenizer = load_tokenizer(directory)
-    merged = PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
+    with quiet_peft():
+        merged = PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
     return merged.eval(), tokenizer

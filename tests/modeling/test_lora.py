@@ -159,3 +159,21 @@ def test_sampler_on_lora_model_keeps_logits_to_keep_and_matches_logprobs(kind):
     on = gen.completion_mask.bool()
     recomputed = logps(model, full_ids, full_mask, gen.completion_ids.size(1))
     assert torch.allclose(recomputed[on], gen.sampling_logprobs[on], atol=1e-5)
+
+
+def test_apply_lora_hides_peft_s_deprecated_property_warning_only():
+    """peft reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model; that
+    FutureWarning is hidden (it printed before every LoRA run's output), other warnings still pass."""
+    import warnings
+
+    from grpo.modeling.lora import quiet_peft
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(tiny_qwen2(), lora_cfg())
+        with quiet_peft():
+            warnings.warn("`is_gradient_checkpointing` is deprecated", FutureWarning)
+            warnings.warn("something else", FutureWarning)
+    messages = [str(w.message) for w in caught]
+    assert not any("is_gradient_checkpointing" in m for m in messages), messages
+    assert "something else" in messages
