@@ -238,6 +238,9 @@ def main() -> None:
         for name in names:
             rows.append(measure(name, steps, args.rounds, Path(tmp), with_trl))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+            if not args.quick:                       # after each point, so a stopped grid keeps what it measured
+                write_results("grid", rows, {"steps": steps, "rounds": args.rounds, "base": BASE, "partial": True,
+                                             "load_avg": os.getloadavg()})
     table = markdown(rows)
     print(table)
     extra = {"steps": steps, "rounds": args.rounds, "base": BASE, "wall_s": time.perf_counter() - start,
