@@ -74,7 +74,8 @@ def run_prompts(task: "FlowTask", seed: int, held_out_fraction: float, train_uns
                           f"on ({len(held)} held out)")
     if k == 0 and not train_on_seen:
         raise ConfigError("flow.train_on_seen=false needs flow.train_unseen_fraction > 0 (no training prompts left)")
-    order = torch.randperm(len(held), generator=torch.Generator().manual_seed(seed + 1)).tolist() if k else []
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    order = torch.randperm(len(held), generator=g, device="cpu").tolist() if k else []
     moved = set(order[:k])
     return ((seen if train_on_seen else []) + [held[i] for i in order[:k]],
             [p for i, p in enumerate(held) if i not in moved])
