@@ -110,8 +110,7 @@ def run_flow_demo(out_dir: str | Path = "runs/flow-demo", *, steps: int | None =
         torch.set_num_threads(cfg.train.num_threads)
     task = check_flow_config(cfg)
     model = load_model(cfg, task, torch.device("cpu"))
-    trained_on, held_out = run_prompts(task, cfg.flow.split_seed, cfg.flow.held_out_fraction,
-                              cfg.flow.train_unseen_fraction, cfg.flow.train_on_seen)
+    trained_on, held_out = run_prompts(task, cfg.flow)
     n = cfg.flow.eval_samples
     print(f"evaluating the base model on {len(held_out)} held-out prompts x {n} images ...", flush=True)
     images_before, rows = sample_images(model, task, held_out, cfg, n, seed=seed + 12345)

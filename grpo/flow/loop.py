@@ -120,8 +120,7 @@ def _run(cfg: Config, task: FlowTask, model: FlowModel | None, callbacks: Callba
     # model.device (auto: CUDA when available) for a model loaded here; a given model stays where it is
     device = resolve_device(cfg.model.device) if model is None else next(model.parameters()).device
     model = load_model(cfg, task, device) if model is None else model
-    train_prompts, held_out = run_prompts(task, fc.split_seed, fc.held_out_fraction, fc.train_unseen_fraction,
-                                          fc.train_on_seen)
+    train_prompts, held_out = run_prompts(task, fc)
     reference = frozen_copy(model) if VARIANTS[fc.variant].kl else None
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * fc.updates_per_step)
     state = TrainState(model, LabelVocab(fc.task, task.vocab), optimizer, scheduler, reference,

@@ -58,16 +58,17 @@ class FlowTask:
     metrics: dict[str, Metric]                            # evaluation metrics (gold among them)
 
 
-def run_prompts(task: "FlowTask", seed: int, held_out_fraction: float, train_unseen_fraction: float = 0.0,
-                train_on_seen: bool = True) -> tuple[list[Prompt], list[Prompt]]:
-    """(Flow-GRPO's training prompts, its evaluation prompts). The task's split gives (seen, held out): the
+def run_prompts(task: FlowTask, fc) -> tuple[list[Prompt], list[Prompt]]:
+    """(Flow-GRPO's training prompts, its evaluation prompts) under the `flow` config section `fc`. The task's
+    split (`flow.split_seed`, `flow.held_out_fraction`) gives (seen, held out): the
     base model was pre-trained on the seen prompts only. A share `train_unseen_fraction` of the held-out
-    prompts (picked by a permutation keyed by `seed`) becomes Flow-GRPO training prompts, unseen in
+    prompts (`flow.train_unseen_fraction`, picked by a permutation keyed by the seed) becomes Flow-GRPO training prompts, unseen in
     pre-training but now scored by the reward; the evaluation keeps the rest, unseen by both stages.
-    `train_on_seen`: Flow-GRPO also trains on the seen prompts. The defaults keep the task's split."""
+    `flow.train_on_seen`: Flow-GRPO also trains on the seen prompts. The defaults keep the task's split."""
     from grpo.config.schema import ConfigError
 
-    seen, held = task.prompts(seed, held_out_fraction)
+    seed, train_unseen_fraction, train_on_seen = fc.split_seed, fc.train_unseen_fraction, fc.train_on_seen
+    seen, held = task.prompts(seed, fc.held_out_fraction)
     k = round(train_unseen_fraction * len(held))
     if k >= len(held):
         raise ConfigError(f"flow.train_unseen_fraction={train_unseen_fraction} leaves no held-out prompt to evaluate "

@@ -84,21 +84,26 @@ def test_extra_blobs_game_compositional_but_not_compositional_main_and_cost_the_
 
 
 def test_run_prompts_moves_a_share_of_the_held_out_prompts_into_training():
+    from grpo.config.flow import FlowConfig
     from grpo.config.schema import ConfigError
     from grpo.flow.tasks import SHAPES_TASK, run_prompts
 
+    def run(seed, unseen=0.0, train_on_seen=True):
+        fc = FlowConfig(split_seed=seed, held_out_fraction=0.25, train_unseen_fraction=unseen, train_on_seen=train_on_seen)
+        return run_prompts(SHAPES_TASK, fc)
+
     seen, held = SHAPES_TASK.prompts(0, 0.25)
-    assert run_prompts(SHAPES_TASK, 0, 0.25) == (seen, held)                     # 0: the task's split as it is
-    train, evaluation = run_prompts(SHAPES_TASK, 0, 0.25, 0.5)
+    assert run(0) == (seen, held)                     # 0: the task's split as it is
+    train, evaluation = run(0, 0.5)
     assert train[:len(seen)] == seen and len(train) == 36 + 6 and len(evaluation) == 6
     moved = train[len(seen):]
     assert sorted(p.text for p in moved + evaluation) == sorted(p.text for p in held)   # a partition of the held out
     assert not set(p.text for p in moved) & set(p.text for p in evaluation)
-    assert run_prompts(SHAPES_TASK, 0, 0.25, 0.5) == (train, evaluation)         # keyed by the seed
-    assert run_prompts(SHAPES_TASK, 1, 0.25, 0.5)[1] != evaluation
-    assert run_prompts(SHAPES_TASK, 0, 0.25, 0.5, train_on_seen=False) == (moved, evaluation)
+    assert run(0, 0.5) == (train, evaluation)         # keyed by the seed
+    assert run(1, 0.5)[1] != evaluation
+    assert run(0, 0.5, train_on_seen=False) == (moved, evaluation)
     with pytest.raises(ConfigError, match="flow.train_unseen_fraction"):
-        run_prompts(SHAPES_TASK, 0, 0.25, 0.99)                                   # nothing left to evaluate on
+        run(0, 0.99)                                   # nothing left to evaluate on
     with pytest.raises(ConfigError, match="flow.train_on_seen"):
-        run_prompts(SHAPES_TASK, 0, 0.25, 0.0, train_on_seen=False)               # nothing left to train on
+        run(0, 0.0, train_on_seen=False)               # nothing left to train on
 
