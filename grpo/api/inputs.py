@@ -213,7 +213,8 @@ def cast_dtype(model: torch.nn.Module, dtype_name: str) -> None:
 
 
 def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[torch.nn.Module, Any]:
-    """The policy (dtype, LoRA, attention kernel applied; placed by `runtime`) and its tokenizer."""
+    """The policy (dtype, LoRA, attention kernel and `train.lean_layers` applied; placed by `runtime`) and its tokenizer."""
+    from grpo.modeling.lean_layers import use_lean_layers
     from grpo.modeling.lora import apply_lora, is_lora
     from grpo.modeling.models import EMBEDDED_MODEL_DIR, align_special_tokens, load_policy
     from grpo.training.runtime import attn_implementation, set_attn_implementation
@@ -244,4 +245,5 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[tor
             raise ConfigError("lora.enabled: the model already has LoRA adapters (a peft model); its adapters are "
                               "trained as they are: set lora.enabled false")
         model = apply_lora(model, cfg.lora)
+    use_lean_layers(model, cfg.train.lean_layers)
     return runtime.place(model), tokenizer

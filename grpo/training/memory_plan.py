@@ -37,6 +37,9 @@ GIB = 2 ** 30
 #: (15,200 float32 values per layer; `bench/long_completions.py --update-only 512,1024,2048`, 714 MiB per 1k
 #: tokens) and 0.01-0.08 MiB per token with checkpointing (the estimate here: 0.10).
 LAYER_VALUES = (10.0, 3.5)
+#: The same with `train.lean_layers` (grpo.modeling.lean_layers): 9,472 on the 100M Qwen2, where the saved
+#: tensors counted 9,352 values per token and layer (15,053 without).
+LEAN_LAYER_VALUES = (7.0, 2.0)
 #: Transient values per token of a no-grad forward (one layer's temporaries alive at a time): a H + b I; 14,336
 #: on the 100M Qwen2, which measured 0.055 MiB (14,400 values) per token (backbone, 1024 -> 2048 tokens).
 NO_GRAD_VALUES = (8.0, 4.0)
@@ -67,6 +70,7 @@ class ModelShape:
     trainable_params: int
     param_bytes: int = 4           # bytes per parameter of the trainable weights (model.dtype)
     act_bytes: int = 4             # bytes per activation value (2 under bf16 / fp16 autocast)
+    lean_layers: bool = False      # the MLPs save fewer activations (grpo.modeling.lean_layers; float32 only)
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ def kv_cache_bytes(m: ModelShape, s: StepShape) -> int:
 
 def stored_values_per_token(m: ModelShape, checkpointing: bool) -> float:
     """Activation values kept per token for the backward pass (see the module docstring)."""
-    layer = LAYER_VALUES[0] * m.hidden + LAYER_VALUES[1] * m.intermediate
+    a, b = LEAN_LAYER_VALUES if m.lean_layers else LAYER_VALUES
+    layer = a * m.hidden + b * m.intermediate
     kept = m.layers * m.hidden + layer if checkpointing else m.layers * layer
     return kept + EXTRA_VALUES_PER_HIDDEN * m.hidden
 

@@ -227,6 +227,7 @@ def configured_budget(cfg: Config) -> int:
 
 def model_shape(model: torch.nn.Module, act_bytes: int):
     """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters."""
+    from grpo.modeling.lean_layers import lean_mlps
     from grpo.training.memory_plan import ModelShape
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -241,7 +242,8 @@ def model_shape(model: torch.nn.Module, act_bytes: int):
                       head_dim=int(getattr(c, "head_dim", None) or hidden // heads),
                       vocab=int(getattr(c, "vocab_size", 0) or 0),
                       trainable_params=sum(p.numel() for p in trainable),
-                      param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes)
+                      param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes,
+                      lean_layers=act_bytes == 4 and lean_mlps(model) > 0)
 
 
 def step_shape(cfg: Config, prompt_tokens: int):

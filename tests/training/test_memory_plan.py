@@ -5,6 +5,7 @@ a tight budget computes the same loss and gradients as the plain one (float64)."
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -33,6 +34,8 @@ def test_the_pieces_by_hand():
     # per layer 10 x 64 + 3.5 x 128 = 1088 values; plus 4 x 64 outside the layers
     assert stored_values_per_token(M, False) == 2 * 1088 + 256              # every layer's activations: 2432
     assert stored_values_per_token(M, True) == 2 * 64 + 1088 + 256          # layer inputs + one layer: 1472
+    lean = dataclasses.replace(M, lean_layers=True)                          # train.lean_layers: 7 x 64 + 2 x 128
+    assert stored_values_per_token(lean, False) == 2 * 704 + 256             # = 1664
     assert default_chunk(100) == 2 ** 23 // 100 == 83_886
     assert head_bytes(M, 83_886, 32) == 3 * 4 * 32 * 100                     # capped at the micro-batch's tokens
     assert head_bytes(M, 16, 32) == 3 * 4 * 16 * 100

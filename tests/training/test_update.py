@@ -325,3 +325,19 @@ def test_auto_micro_batch_tokens_scales_with_model_width():
     assert auto_micro_batch_tokens(tiny_qwen2()) == max(256, 2 ** 20 // (tiny_qwen2().config.hidden_size *
                                                                           tiny_qwen2().config.num_hidden_layers))
     assert auto_micro_batch_tokens(torch.nn.Linear(2, 2)) == 4096           # no config: a fixed budget
+
+
+def test_planner_counts_lean_layers_only_where_they_run():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo.modeling.lean_layers import use_lean_layers
+    from grpo.training.runtime import model_shape
+    from grpo.training.update import auto_micro_batch_tokens
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=768, num_hidden_layers=12,
+                                             num_attention_heads=12, num_key_value_heads=4, intermediate_size=2048))
+    assert not model_shape(model, 4).lean_layers
+    use_lean_layers(model)
+    assert auto_micro_batch_tokens(model) == 256                            # the floor does not move
+    assert model_shape(model, 4).lean_layers and not model_shape(model, 2).lean_layers   # bf16 autocast: stock path

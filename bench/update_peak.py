@@ -1,0 +1,128 @@
+"""The update's forward+backward against the machine's GEMM peak, and its peak memory, by layer kind and
+micro-batch size (issue 22, item 3).
+
+    .venv/bin/python bench/update_peak.py [--configs stock-256,lean-256,lean-704,lean-704-heap,hf-full] [--rounds 2]
+
+One forward+backward of the qwen2-100m fixture (bench/common.py) over 16 rows x (24 prompt + 64 completion)
+tokens, as the update runs it: log-probs and entropy of the completion tokens through the chunked LM head,
+rows in token-budget micro-batches (grpo.modeling.logprobs.bucketed_micro_batches), gradients accumulated,
+2 threads, `model.cpu_matmul: auto`, glibc's mmap threshold as `grpo train` sets it (train.mmap_threshold_mb = 1)
+unless a configuration says otherwise. Configurations, each a fresh process, alternating over `--rounds`:
+
+* stock-256: stock Hugging Face layers, 256-token micro-batches (the default before train.lean_layers);
+* lean-256: train.lean_layers (grpo/modeling/lean_layers.py), the default micro-batch (256 tokens);
+* lean-704: lean layers, 704-token micro-batches (8 rows);
+* lean-704-heap: the same with train.mmap_threshold_mb = 0 (glibc's own, dynamic threshold);
+* hf-full: a plain Hugging Face forward+backward of the whole batch at once (full logits, log-softmax,
+  stock layers and aten linears, glibc's own threshold): the issue's reference point.
+
+FLOPs are bench/speed.py's model FLOPs (recomputation not counted); the peak is the faster of MKL's and
+oneDNN's [2048, 2048] float32 GEMM, measured in the same process right before each timed pass. Peak RSS is
+the increase over the loaded model during the two timed passes (gradients included). Writes
+bench/results/update_peak.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: name: (train.lean_layers, micro-batch tokens (-1: the whole batch in one plain pass), train.mmap_threshold_mb)
+CONFIGS = {"stock-256": (False, 256, 1), "lean-256": (True, 0, 1), "lean-704": (True, 704, 1),
+           "lean-704-heap": (True, 704, 0), "hf-full": (False, -1, 0)}
+ROWS, PROMPT, NEW = 16, 24, 64
+
+
+def child(name: str) -> dict:
+    import torch
+
+    from bench.common import PeakRSS, build_bench_model, matmul_peak_flops
+    from bench.speed import MODELS_DIR, forward_flops
+    from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
+    from grpo.modeling.lean_layers import use_lean_layers
+    from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
+    from grpo.modeling.models import load_policy
+    from grpo.training.update import micro_batch_tokens
+
+    lean, tokens, mmap_mb = CONFIGS[name]
+    torch.set_num_threads(2)
+    set_mmap_threshold(mmap_mb)
+    model, _ = load_policy(str(build_bench_model("qwen2-100m", MODELS_DIR)))
+    use_lean_layers(model, lean)
+    use_cpu_matmul(model, "aten" if tokens < 0 else "auto")
+    model.train()
+    budget = micro_batch_tokens(tokens, model) if tokens >= 0 else -1
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 30000, (ROWS, PROMPT + NEW), generator=gen)
+    mask = torch.ones_like(ids)
+
+    def fwd_bwd():
+        if budget < 0:
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, PROMPT - 1:-1].float()
+            torch.log_softmax(logits, -1).gather(-1, ids[:, PROMPT:, None]).sum().backward()
+        else:
+            for rows in bucketed_micro_batches(mask, 0, budget):
+                logp, _ = completion_logprobs(model, ids[rows], mask[rows], NEW, with_entropy=True)
+                logp.sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    fwd_bwd()                                                         # warm-up
+    flops = forward_flops(model, mask, NEW, backward=True)
+    rss = PeakRSS()
+    base = rss.current()
+    fractions, seconds = [], []
+    for _ in range(2):
+        peak = matmul_peak_flops(2, repeats=3)
+        t0 = time.perf_counter()
+        fwd_bwd()
+        seconds.append(time.perf_counter() - t0)
+        fractions.append(flops / seconds[-1] / peak)
+    out = {"config": name, "lean_layers": lean, "micro_batch_tokens": budget, "mmap_threshold_mb": mmap_mb,
+           "fwd_bwd_s": min(seconds),
+           "fraction_of_peak": max(fractions), "peak_delta_mb": rss.peak() - base}
+    rss.close()
+    return out
+
+
+def main() -> None:
+    from bench.common import median, print_table, write_results
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child)))
+        return
+    names = args.configs.split(",")
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names:
+            proc = subprocess.run([sys.executable, __file__, "--child", name], capture_output=True, text=True)
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode or not line:
+                raise SystemExit(f"bench/update_peak.py: child {name} failed:\n{proc.stderr[-2000:]}")
+            runs[name].append(json.loads(line[0][7:]))
+            print(f"round {r + 1} {name}: {runs[name][-1]}", flush=True)
+    rows = []
+    for name in names:
+        rs = runs[name]
+        rows.append({"config": name, "micro_batch_tokens": rs[0]["micro_batch_tokens"],
+                     "mmap_threshold_mb": rs[0]["mmap_threshold_mb"],
+                     "fwd_bwd_s": median([x["fwd_bwd_s"] for x in rs]),
+                     "fraction_of_peak": median([x["fraction_of_peak"] for x in rs]),
+                     "peak_delta_mb": median([x["peak_delta_mb"] for x in rs])})
+    print_table(rows, ["config", "micro_batch_tokens", "mmap_threshold_mb", "fwd_bwd_s", "fraction_of_peak", "peak_delta_mb"])
+    write_results("update_peak", rows, {"rounds": args.rounds, "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
