@@ -89,14 +89,16 @@ torch.set_num_threads(1)
 from bench.common import PeakRSS
 from grpo.config import build_config
 from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
+from grpo.modeling.lean_layers import use_lean_layers
 from grpo.modeling.models import load_policy
 from grpo.training.update import build_optimizer, policy_update
 from grpo.types import TrainBatch
 
-model_dir, L, ckpt = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on"
+model_dir, L, ckpt, lean = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on", sys.argv[5] == "on"
 set_mmap_threshold(1)                                   # as grpo train (train.mmap_threshold_mb)
 rss = PeakRSS()
 model, _ = load_policy(model_dir)
+use_lean_layers(model, lean)                            # train.lean_layers
 use_cpu_matmul(model, "auto")
 cfg = build_config(overrides={"algorithm.beta": 0.0})
 opt, sched = build_optimizer(model, cfg.optim, 10)
@@ -109,16 +111,17 @@ policy_update(model, opt, sched, warm, cfg.algorithm, **kw)          # gradients
 base = rss.current()
 rss.reset()
 policy_update(model, opt, sched, TrainBatch(ids, mask, cm, torch.ones(1), None, None), cfg.algorithm, **kw)
-print("RESULT", json.dumps({"length": L, "ckpt": ckpt, "base_mib": base, "peak_mib": rss.peak(),
+print("RESULT", json.dumps({"length": L, "ckpt": ckpt, "lean_layers": lean, "base_mib": base, "peak_mib": rss.peak(),
                             "above_steady_state_mib": rss.peak() - base}), flush=True)
 """
 
 
-def run_update_only(model_dir: Path, length: int, ckpt: str) -> dict:
+def run_update_only(model_dir: Path, length: int, ckpt: str, lean: str = "on") -> dict:
     """Peak RSS of one update on one synthetic row of `length` completion tokens (8-token prompt), above the
-    steady state (weights, gradients, AdamW state): the update's activations alone, no rollout."""
+    steady state (weights, gradients, AdamW state): the update's activations alone, no rollout. `lean`:
+    train.lean_layers on | off."""
     root = str(Path(__file__).resolve().parent.parent)
-    proc = subprocess.run([sys.executable, "-c", UPDATE_CHILD, root, str(model_dir), str(length), ckpt],
+    proc = subprocess.run([sys.executable, "-c", UPDATE_CHILD, root, str(model_dir), str(length), ckpt, lean],
                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     return json.loads(line[len("RESULT "):]) if line else {"length": length, "error": proc.stderr[-300:]}
@@ -176,12 +179,14 @@ def main() -> None:
     parser.add_argument("--out", default="long_completions", help="results file name in bench/results (no .json)")
     parser.add_argument("--update-only", default="", help="L,L,...: instead, the update alone on one row of L "
                         "tokens, checkpointing off and on (in-process peak above the steady state)")
+    parser.add_argument("--lean-layers", default="on", choices=("on", "off"),
+                        help="--update-only: train.lean_layers in the child (default on, as grpo train)")
     parser.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "grpo-bench-models"))
     args = parser.parse_args()
     model_dir = build_bench_model("qwen2-100m", args.models_dir)
     lengths = [int(x) for x in args.lengths.split(",") if x]
     if args.update_only:
-        rows = [run_update_only(model_dir, int(L), c) for c in ("off", "on") for L in args.update_only.split(",")]
+        rows = [run_update_only(model_dir, int(L), c, args.lean_layers) for c in ("off", "on") for L in args.update_only.split(",")]
         fits = {c: fit([r["length"] for r in rows if r.get("ckpt") == (c == "on")],
                        [r["above_steady_state_mib"] for r in rows if r.get("ckpt") == (c == "on")])
                 for c in ("off", "on")}
