@@ -7,12 +7,9 @@ Registry names (flow.variant, flow.task, flow.reward, flow.std) are checked by g
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
 
-
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+from grpo.config.fields import _f
 
 
 @dataclass(frozen=True)
