@@ -236,6 +236,10 @@ def clip_saturation(h: History, cfg: Config) -> Finding | None:
         severity = "info"
     if severity is None:
         return None
+    if h.has("flow/ratio_max_dev"):                            # a Flow-GRPO run: ratios per (image, denoising step)
+        return _finding("clip_saturation", severity, f"{clip:.0%} of (image, step) ratios clipped over the last 10 "
+                        "steps", "lower optim.lr or flow.updates_per_step, or raise flow.epsilon",
+                        ("optim.lr", "flow.updates_per_step", "flow.epsilon"), clip)
     advice = "lower optim.lr or algorithm.num_iterations"
     if skewed:
         advice += "; most clips are at 1 - epsilon: raise algorithm.epsilon_high (clip-higher) so rare tokens can grow"

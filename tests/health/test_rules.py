@@ -102,6 +102,13 @@ def test_rule_fires_on_its_failure(rule, columns, severity):
     assert any(k in f.advice for k in f.keys)
 
 
+def test_clip_saturation_on_a_flow_run_names_the_flow_keys():
+    h = healthy(**{"policy/clip_frac": 0.2, "flow/ratio_max_dev": 0.01})
+    f = {f.rule: f for f in evaluate(h, CFG)}["clip_saturation"]
+    assert f.severity == "warn" and f.keys == ("optim.lr", "flow.updates_per_step", "flow.epsilon")
+    assert "(image, step) ratios" in f.message and "num_iterations" not in f.advice
+
+
 def test_length_inflation_with_rising_truncation_is_critical():
     h = healthy(**{"completion/length_reward_corr": 0.99,
                    "completion/truncated_frac": lambda s: 0.0 if s <= 40 else min(1.0, 0.05 * (s - 40))})
