@@ -1,7 +1,7 @@
 """How cost grows: our trainer against TRL's GRPOTrainer over a grid of shapes, one factor at a time.
 
     bash bench/setup_trl.sh                            # once: TRL in bench/.trl-venv (CPU torch)
-    .venv/bin/python bench/grid.py [--points base,g16,...] [--steps 3] [--rounds 1] [--no-trl] [--quick]
+    .venv/bin/python bench/grid.py [--points base,g16,...] [--steps 3] [--rounds 1] [--no-trl] [--quick] [--out grid]
 
 The grid varies one factor at a time around a base point: the qwen2-100m shape (hidden 768, 12 layers,
 32k vocabulary), G = 8, 2 prompts per step, 64 new tokens, torch's default thread count. The factors:
@@ -219,6 +219,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 steps on the tiny points: checks the script only")
     parser.add_argument("--list", action="store_true", help="print the grid points and exit")
     parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "scaling.png"))
+    parser.add_argument("--out", default="grid", help="results file in bench/results (no .json); the plot is "
+                        "drawn only for the default, so a re-run of a few points keeps the full grid's files")
     args = parser.parse_args()
     if args.list:
         for name in POINTS:
@@ -239,7 +241,7 @@ def main() -> None:
             rows.append(measure(name, steps, args.rounds, Path(tmp), with_trl))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
             if not args.quick:                       # after each point, so a stopped grid keeps what it measured
-                write_results("grid", rows, {"steps": steps, "rounds": args.rounds, "base": BASE, "partial": True,
+                write_results(args.out, rows, {"steps": steps, "rounds": args.rounds, "base": BASE, "partial": True,
                                              "load_avg": os.getloadavg()})
     table = markdown(rows)
     print(table)
@@ -248,9 +250,9 @@ def main() -> None:
     if with_trl:
         extra["trl"] = subprocess.run([str(TRL_PYTHON), "-c", "import trl; print(trl.__version__)"],
                                       capture_output=True, text=True).stdout.strip()
-    name = "grid_quick" if args.quick else "grid"
+    name = "grid_quick" if args.quick else args.out
     print(f"wrote {write_results(name, rows, extra)}")
-    if not args.quick:
+    if not args.quick and args.out == "grid":
         plot(rows, Path(args.plot))
         print(f"wrote {args.plot}")
 

@@ -131,7 +131,10 @@ class LeanDecoder:
             x = layer.post_attention_layernorm(h)  # [n, D]
             h = h + self.mlp(layer.mlp, x if lowp is None else x.to(lowp), cache.fused[i] if cache.fused else None)
         cache.length, cache.positions = cache.length + 1, cache.positions + 1
-        return self.model.lm_head(inner.norm(h))  # [n, V]
+        head, x = self.model.lm_head, inner.norm(h)
+        if type(head) is torch.nn.Linear:  # through oneDNN like the projections: 2x MKL at 16 rows x 32k vocab
+            return linear(x, head.weight, head.bias)  # [n, V]
+        return head(x)  # [n, V] (LoRA-adapted or already oneDNN)
 
     @staticmethod
     def mlp(mlp, x: torch.Tensor, fused: FusedLayer | None) -> torch.Tensor:

@@ -82,6 +82,24 @@ def test_decode_steps_match_full_forward(kind):
         torch.testing.assert_close(lean, last_logits(model, seq, seq_mask), atol=1e-5, rtol=1e-5)
 
 
+@torch.no_grad()
+def test_decode_step_runs_a_plain_lm_head_through_the_cpu_kernel(monkeypatch):
+    """The LM head of a decode step goes through grpo.modeling.cpu_kernels.linear (oneDNN on CPU float32),
+    like the projections; a LoRA-adapted head keeps its own module."""
+    import grpo.modeling.decoder as decoder_module
+
+    model = make_model("qwen2")
+    decoder = lean_decoder(model)
+    ids, mask = make_prompts()
+    state = decoder.start(prefill(model, ids, mask)[1], mask, 2, 2)
+    weights = []
+    real = decoder_module.linear
+    monkeypatch.setattr(decoder_module, "linear", lambda x, w, b=None: weights.append(w) or real(x, w, b))
+    logits = decoder.step(state, torch.ones(state.num_rows, dtype=torch.long))
+    assert any(w is model.lm_head.weight for w in weights)
+    assert logits.shape == (state.num_rows, VOCAB)
+
+
 @pytest.mark.parametrize("kind", list(CONFIGS))
 @torch.no_grad()
 def test_decode_steps_under_bf16_autocast_match_hf_forward(kind):
