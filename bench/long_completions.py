@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--update-only", default="", help="L,L,...: instead, the update alone on one row of L "
                         "tokens, checkpointing off and on (in-process peak above the steady state)")
     parser.add_argument("--lean-layers", default="on", choices=("on", "off"),
-                        help="--update-only: train.lean_layers in the child (default on, as grpo train)")
+                        help="--update-only: train.lean_layers in the child (default on; grpo train's default is off)")
     parser.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "grpo-bench-models"))
     args = parser.parse_args()
     model_dir = build_bench_model("qwen2-100m", args.models_dir)

@@ -8,6 +8,8 @@ of the MLP; the elementwise values are recomputed in the backward pass (a few el
 extra GEMM). Measured on the 100M Qwen2 (tests/modeling/test_lean_layers.py counts the saved tensors):
 15,053 -> 9,352 float32 values per token and layer (-38 %), which the memory planner counts
 (grpo.training.memory_plan.LEAN_LAYER_VALUES) when it sizes micro-batches and checkpointing for a budget.
+Off by default: the recompute made the 0.8M demo model's updates 22 % slower; on the 100M model it was
+speed-neutral (docs/performance.md).
 
 Values equal the stock modules' up to float32 rounding (tested against float64). The lean path runs only
 where it is exact and plain: with autograd on, outside autocast, input and weights of one dtype, and

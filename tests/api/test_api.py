@@ -322,3 +322,18 @@ def test_progress_bar_shows_the_first_reward_functions_mean(tmp_path):
                     "completion/length_mean": 7.0, "kl/mean": 0.01})
         shown = logger.bar.postfix
     assert "correctnes=0.25" in shown and "fmt" not in shown and "acc" not in shown
+
+
+def test_lean_layers_key_switches_the_policy_and_it_trains(tmp_path):
+    from grpo.modeling.lean_layers import lean_mlps
+
+    model, tok = micro()
+    trainer = grpo.Trainer(model, tokenizer=tok, reward_funcs=[digits], train_dataset=ROWS,
+                           config=tiny(tmp_path / "on", **{"train.lean_layers": True}))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    assert lean_mlps(trainer.model) == trainer.model.config.num_hidden_layers
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    off, tok = micro()
+    assert lean_mlps(grpo.Trainer(off, tokenizer=tok, reward_funcs=[digits], train_dataset=ROWS,
+                                  config=tiny(tmp_path / "off")).model) == 0   # off by default
