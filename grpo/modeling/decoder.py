@@ -20,6 +20,8 @@ peft prompt learning): the caller then keeps the Hugging Face path.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,24 @@ HEAD_NORM: dict[str, bool] = {"llama": False, "mistral": False, "qwen2": False, 
 _LAYER_PARTS = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _HEAD_NORMS = ("q_norm", "k_norm")
+
+
+def cache_inputs(model, cache) -> dict:
+    """{keyword: cache} for a forward call: ``cache`` where the model's forward takes it (transformers >= 5.24,
+    which deprecates ``past_key_values`` and warns at every call), else ``past_key_values``. For a peft
+    wrapper, the model it wraps decides."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {"cache" if _takes_cache(type(inner)) else "past_key_values": cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_cache(cls: type) -> bool:
+    return "cache" in inspect.signature(cls.forward).parameters
+
+
+def returned_cache(out):
+    """The KV cache a forward returned: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
+    return out.cache if "cache" in getattr(out, "__dataclass_fields__", {}) else out.past_key_values
 
 
 def full_attention_config(config) -> bool:

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.modeling.decoder import full_attention_config
-from grpo.modeling.decoder import positions_from_mask
+from grpo.modeling.decoder import cache_inputs, full_attention_config, positions_from_mask, returned_cache
 
 #: Share only when the distinct prompts save at least this share of the micro-batch's tokens. The
 #: second forward call and the cache gather have a cost: at a 10 % saving (qwen2-100m, 3 rows of one
@@ -152,11 +151,11 @@ def completion_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.
     if first is not None:
         out = backbone(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=positions[first, :P],
                        use_cache=True)                                          # [U, P, H] and the cache
-        cache = out.past_key_values
+        cache = returned_cache(out)
         if _expandable(cache):
             expand_cache(cache, inverse)                                        # [n, kv, P, d] per layer
             rest = backbone(input_ids=ids[:, P:], attention_mask=mask, position_ids=positions[:, P:],
-                            past_key_values=cache, use_cache=True).last_hidden_state   # [n, kept, H]
+                            **cache_inputs(backbone, cache), use_cache=True).last_hidden_state   # [n, kept, H]
             last = expand_rows(out.last_hidden_state[:, -1:], inverse)         # [n, 1, H] predicts column P
             return torch.cat([last, rest[:, :-1]], dim=1)                       # [n, kept, H]
     hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state

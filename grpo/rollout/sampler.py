@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from grpo.modeling.precision import cast_frozen_linears
-from grpo.modeling.decoder import LeanDecoder, StaticCache, lean_decoder, positions_from_mask
+from grpo.modeling.decoder import (LeanDecoder, StaticCache, cache_inputs, lean_decoder, positions_from_mask,
+                                   returned_cache)
 from grpo.rollout.keyed import row_keys, token_uniforms
 from grpo.types import Generation  # noqa: F401  (the output of sample)
 
@@ -125,7 +126,7 @@ def _last_logits(model, **inputs) -> tuple[torch.Tensor, object]:
     if "logits_to_keep" in inspect.signature(inner.forward).parameters:
         inputs["logits_to_keep"] = 1
     out = model(**inputs, use_cache=True)
-    return out.logits[:, -1, :], out.past_key_values  # [n, V]
+    return out.logits[:, -1, :], returned_cache(out)  # [n, V]
 
 
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, model_inputs: dict | None = None):
@@ -141,7 +142,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, model_in
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
         position_ids=positions_from_mask(prompt_mask),  # [B, P]
-        past_key_values=None,  # the model builds the cache type it needs (DynamicCache)
+        **cache_inputs(model, None),  # the model builds the cache type it needs (DynamicCache)
         **(model_inputs or {}),
     )
 
@@ -157,7 +158,7 @@ def decode_step(model, tokens: torch.Tensor, attention_mask: torch.Tensor, cache
         input_ids=tokens[:, None],  # [n, 1]
         attention_mask=attention_mask,
         position_ids=positions_from_mask(attention_mask)[:, -1:],  # [n, 1]
-        past_key_values=cache,
+        **cache_inputs(model, cache),
     )
     return logits  # [n, V]
 

@@ -179,3 +179,28 @@ def test_unexpected_layout_and_prompt_learning_fall_back():
     prompt_tuned = peft.get_peft_model(make_model("qwen2"), peft.PromptTuningConfig(
         task_type="CAUSAL_LM", num_virtual_tokens=2))
     assert lean_decoder(prompt_tuned) is None
+
+
+def test_cache_keyword_follows_the_forward_signature():
+    from grpo.modeling.decoder import cache_inputs, returned_cache
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None): ...
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None): ...
+
+    assert cache_inputs(New(), "c") == {"cache": "c"} and cache_inputs(Old(), "c") == {"past_key_values": "c"}
+    model = make_model("qwen2")
+    out = model(input_ids=torch.ones(1, 3, dtype=torch.long), use_cache=True)
+    assert returned_cache(out) is not None
+
+
+def test_sampling_raises_no_cache_deprecation_warning():
+    import warnings
+
+    ids, mask = make_prompts()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        for m in (make_model("gpt2"), make_model("qwen2")):   # the model's own forward, then the lean decoder
+            sample(m, ids, mask, num_generations=2, max_new_tokens=3, eos_token_id=1, pad_token_id=PAD, seed=0)
