@@ -41,13 +41,19 @@ def cache_inputs(model, cache) -> dict:
     """{keyword: cache} for a forward call: ``cache`` where the model's forward takes it (transformers >= 5.24,
     which deprecates ``past_key_values`` and warns at every call), else ``past_key_values``. For a peft
     wrapper, the model it wraps decides."""
+    return {"cache" if "cache" in forward_parameters(model) else "past_key_values": cache}
+
+
+def forward_parameters(model) -> frozenset[str]:
+    """The parameter names of the model's forward (for a peft wrapper, of the model it wraps), looked up once
+    per class: the decode steps ask at every token."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {"cache" if _takes_cache(type(inner)) else "past_key_values": cache}
+    return _parameters(type(inner))
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_cache(cls: type) -> bool:
-    return "cache" in inspect.signature(cls.forward).parameters
+def _parameters(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 def returned_cache(out):

@@ -18,15 +18,14 @@ rows have already finished. Greedy decoding (``temperature == 0``) draws nothing
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from grpo.modeling.precision import cast_frozen_linears
-from grpo.modeling.decoder import (LeanDecoder, StaticCache, cache_inputs, lean_decoder, positions_from_mask,
-                                   returned_cache)
+from grpo.modeling.decoder import (LeanDecoder, StaticCache, cache_inputs, forward_parameters, lean_decoder,
+                                   positions_from_mask, returned_cache)
 from grpo.rollout.keyed import row_keys, token_uniforms
 from grpo.types import Generation  # noqa: F401  (the output of sample)
 
@@ -122,8 +121,7 @@ def _last_logits(model, **inputs) -> tuple[torch.Tensor, object]:
     Shape:
         inputs["input_ids"]: [n, L] -> logits [n, V]
     """
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if "logits_to_keep" in inspect.signature(inner.forward).parameters:
+    if "logits_to_keep" in forward_parameters(model):
         inputs["logits_to_keep"] = 1
     out = model(**inputs, use_cache=True)
     return out.logits[:, -1, :], returned_cache(out)  # [n, V]
