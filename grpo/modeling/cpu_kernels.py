@@ -80,6 +80,25 @@ class _DnnLinearFn(torch.autograd.Function):
         return gx, gw, gb
 
 
+def prepack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """A copy of `weight` in oneDNN's own blocked layout for products of about `rows` rows (no autograd).
+
+    :func:`linear` takes it in place of the weight. oneDNN otherwise reorders the weight into that layout
+    at every call: at 16 rows (a decode step) this is most of the product's cost. Measured on the
+    2-core AMD EPYC (AVX2), 16 rows x 768 x 2048 and x 32,768: 59-64 GFLOP/s plain, 71-81 prepacked
+    (MKL: 33-52). Products of any row count stay exact. For a rollout only: the weights change after it.
+
+    Shape: weight [N, K] float32 on the CPU -> [N, K] (``torch._mkldnn`` layout)
+    """
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), padded_rows(rows))
+
+
+def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether :func:`prepack` applies to products computed in `dtype` on `device`: float32 on the CPU, oneDNN
+    present (autocast dtypes and bfloat16 weights keep their own path)."""
+    return device.type == "cpu" and dtype == torch.float32 and onednn_works()
+
+
 def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """float32 plain tensors on the CPU (not CUDA, not a DTensor shard, not another dtype), outside CPU
     autocast: ``torch.ops.mkldnn`` is below autocast's dispatch, so under ``train.precision`` bf16 / fp16

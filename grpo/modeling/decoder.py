@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.modeling.cpu_kernels import DnnLinear, linear
+from grpo.modeling.cpu_kernels import can_prepack, linear
 from grpo.modeling.precision import active_dtype, paused
+from grpo.modeling.rollout_weights import FusedLayer, fuse_projections, packed_head
 
 #: model_type -> whether each attention head's q and k go through an RMSNorm before rotary (Qwen3).
 HEAD_NORM: dict[str, bool] = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
@@ -123,6 +124,8 @@ class LeanDecoder:
         kv, d, groups = self.num_kv_heads, self.head_dim, self.num_heads // self.num_kv_heads
         n_rows = batch * num_generations
         keys = cache.layers[0].keys
+        lowp = active_dtype(prompt_mask.device)
+        pack = n_rows if can_prepack(keys.device, lowp or keys.dtype) else None  # CPU float32: oneDNN-packed copies
         bias = keys.new_zeros(batch, prompt_len).masked_fill_(prompt_mask == 0, float("-inf"))  # [B, P]
         return StaticCache(
             prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len) for layer in cache.layers],
@@ -136,7 +139,8 @@ class LeanDecoder:
             positions=prompt_mask.long().sum(dim=-1).repeat_interleave(num_generations),  # [N]
             num_generations=num_generations,
             num_kv_heads=kv,
-            fused=fuse_projections(self.model.model.layers, active_dtype(prompt_mask.device)),
+            fused=fuse_projections(self.model.model.layers, lowp, pack),
+            head=packed_head(self.model.lm_head, pack),
         )
 
     def step(self, cache: StaticCache, tokens: torch.Tensor) -> torch.Tensor:
@@ -158,6 +162,8 @@ class LeanDecoder:
             h = h + self.mlp(layer.mlp, x if lowp is None else x.to(lowp), cache.fused[i] if cache.fused else None)
         cache.length, cache.positions = cache.length + 1, cache.positions + 1
         head, x = self.model.lm_head, inner.norm(h)
+        if cache.head is not None:  # this rollout's oneDNN-packed copy
+            return linear(x, cache.head, head.bias)  # [n, V]
         if type(head) is torch.nn.Linear:  # through oneDNN like the projections: 2x MKL at 16 rows x 32k vocab
             return linear(x, head.weight, head.bias)  # [n, V]
         return head(x)  # [n, V] (LoRA-adapted or already oneDNN)
@@ -222,66 +228,6 @@ class LeanDecoder:
         return torch.baddbmm(cache.to_rows(from_prompt), probs[..., p:], new_values)  # [n*kv, R, d]
 
 
-#: Fuse q/k/v and gate/up weights for a rollout only while the copies stay this small: the fusion
-#: saves per-call overhead, which matters for small matrices (embedded model: -0.4 ms of a 4 ms
-#: decode step) and not for large ones, where it would only cost memory.
-FUSE_MAX_BYTES = 32 * 2 ** 20
-
-
-@dataclass(frozen=True)
-class FusedLayer:
-    """One layer's projection weights for the length of a rollout: q/k/v and gate/up concatenated
-    (copies), o and down as they are (the modules' own tensors). All go through
-    :func:`grpo.modeling.cpu_kernels.linear` (oneDNN on CPU float32: 1.4-2x MKL at decode shapes).
-
-    Shape: qkv [H*d + 2*kv*d, D], qkv_bias [H*d + 2*kv*d] or None, gate_up [2*I, D], o [D, H*d],
-    o_bias [D] or None, down [D, I], down_bias [D] or None
-    """
-
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    qkv_sizes: tuple[int, int, int]
-    gate_up: torch.Tensor
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
-
-
-def fuse_projections(layers, dtype: torch.dtype | None = None) -> list[FusedLayer] | None:
-    """Concatenated q/k/v and gate/up weights of every layer, or None when any projection is not a
-    plain linear layer (LoRA, quantised, ...), the MLP is not gate/up/down, or the copies would
-    exceed :data:`FUSE_MAX_BYTES`. `dtype` (autocast's, under `train.precision` bf16 / fp16): the
-    concatenated copies are made in it once, where autocast would cast them at every decode step."""
-    plain = (torch.nn.Linear, DnnLinear)
-    size = 0
-    for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        mods = [attn.q_proj, attn.k_proj, attn.v_proj, *(getattr(mlp, n, None) for n in ("gate_proj", "up_proj"))]
-        if not all(type(m) in plain for m in mods + [attn.o_proj, getattr(mlp, "down_proj", None)]) \
-                or not hasattr(mlp, "act_fn") or mods[3].bias is not None or mods[4].bias is not None:
-            return None
-        size += sum(m.weight.numel() * m.weight.element_size() for m in mods)
-    if size > FUSE_MAX_BYTES:
-        return None
-    fused = []
-    with torch.no_grad():
-        for layer in layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
-            biases = [m.bias for m in qkv]
-            fused.append(FusedLayer(
-                qkv=torch.cat([m.weight for m in qkv]).to(dtype),  # [H*d + 2*kv*d, D]
-                qkv_bias=None if all(b is None for b in biases) else torch.cat(
-                    [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(qkv, biases)]
-                ).to(dtype),
-                qkv_sizes=tuple(m.out_features for m in qkv),
-                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype),  # [2*I, D]
-                o=attn.o_proj.weight, o_bias=attn.o_proj.bias, down=mlp.down_proj.weight, down_bias=mlp.down_proj.bias,
-            ))
-    return fused
-
-
 @dataclass
 class StaticCache:
     """Keys/values of a rollout: the prompts' once per prompt, the generated tokens' preallocated per row.
@@ -305,6 +251,7 @@ class StaticCache:
     num_generations: int
     num_kv_heads: int
     fused: list[FusedLayer] | None = None  # this rollout's fused projections (small models)
+    head: torch.Tensor | None = None  # this rollout's oneDNN-packed LM head weight (CPU float32)
     length: int = 0  # generated tokens cached so far
     compacted: bool = False  # some rows have left
 

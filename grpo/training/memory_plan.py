@@ -8,7 +8,7 @@ The runtime (grpo/training/runtime.py) measures what is in use and chooses the d
 A step's peak is the largest of three phases, each linear in the tokens it holds (nothing in them grows
 with the square of the length: attention runs in torch's fused kernels, the LM head in chunks):
 
-    rollout    in_use + optimizer + KV cache (2 L kv d values per token: B P + N T tokens) + fused weights
+    rollout    in_use + optimizer + KV cache (2 L kv d values per token: B P + N T tokens) + its weight copies
     reference  in_use + optimizer + M tokens x no-grad activations (one layer at a time) + LM-head chunk
     update     in_use + optimizer + M tokens x stored activations + LM-head chunk
 
@@ -72,6 +72,7 @@ class ModelShape:
     param_bytes: int = 4           # bytes per parameter of the trainable weights (model.dtype)
     act_bytes: int = 4             # bytes per activation value (2 under bf16 / fp16 autocast)
     lean_layers: bool = False      # the MLPs save fewer activations (grpo.modeling.lean_layers; float32 only)
+    packed_rollout: bool = False   # the rollout packs every projection and the head (CPU float32, oneDNN)
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,13 @@ def micro_batch_padded_tokens(s: StepShape, tokens: int) -> int:
 
 
 def fused_weight_bytes(m: ModelShape) -> int:
-    """The rollout's concatenated q/k/v and gate/up weights (grpo.modeling.decoder.fuse_projections), made for
-    one rollout and freed after it."""
-    return m.layers * m.hidden * (m.hidden + 2 * m.kv_heads * m.head_dim + 2 * m.intermediate) * m.act_bytes
+    """The rollout's copies of weights (grpo.modeling.rollout_weights), made for one rollout and freed after it:
+    the concatenated q/k/v and gate/up weights; when packed (CPU float32), o, down and the LM head too."""
+    qkv_gate_up = m.hidden * (m.hidden + 2 * m.kv_heads * m.head_dim + 2 * m.intermediate)
+    if not m.packed_rollout:
+        return m.layers * qkv_gate_up * m.act_bytes
+    o_down = m.hidden * (m.hidden + m.intermediate)
+    return (m.layers * (qkv_gate_up + o_down) + m.vocab * m.hidden) * 4
 
 
 def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpointing: bool,

@@ -227,6 +227,7 @@ def configured_budget(cfg: Config) -> int:
 
 def model_shape(model: torch.nn.Module, act_bytes: int):
     """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters."""
+    from grpo.modeling.cpu_kernels import can_prepack
     from grpo.modeling.lean_layers import lean_mlps
     from grpo.training.memory_plan import ModelShape
 
@@ -243,7 +244,9 @@ def model_shape(model: torch.nn.Module, act_bytes: int):
                       vocab=int(getattr(c, "vocab_size", 0) or 0),
                       trainable_params=sum(p.numel() for p in trainable),
                       param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes,
-                      lean_layers=act_bytes == 4 and lean_mlps(model) > 0)
+                      lean_layers=act_bytes == 4 and lean_mlps(model) > 0,
+                      packed_rollout=act_bytes == 4 and bool(trainable) and can_prepack(trainable[0].device,
+                                                                                       trainable[0].dtype))
 
 
 def step_shape(cfg: Config, prompt_tokens: int):

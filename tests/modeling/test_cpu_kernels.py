@@ -65,6 +65,31 @@ def test_padded_gemms_equal_float64_with_and_without_graph(rows):
     assert torch.allclose(w.grad.double(), upstream.double().T @ x64, atol=1e-4)        # dW = dY^T X
 
 
+@pytest.mark.parametrize("hint", [1, 16, 40])
+@torch.no_grad()
+def test_prepacked_weight_gives_the_float64_product_for_any_row_count(hint):
+    """A weight oneDNN-packed for `hint` rows (a rollout's) serves products of every row count (rows leave a
+    rollout), through linear, with and without bias; it is a copy, not a view of the weight."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(48, 40, generator=g), torch.randn(48, generator=g)
+    packed = kernels.prepack(w, hint)
+    assert packed.is_mkldnn and packed.shape == w.shape
+    for rows in (1, 5, 16, 33, 70):
+        x = torch.randn(rows, 40, generator=g)
+        expect = x.double() @ w.double().T                                   # [rows, N] the formula in float64
+        assert torch.allclose(linear(x, packed).double(), expect, atol=1e-4)
+        assert torch.allclose(linear(x[None], packed, b)[0].double(), expect + b.double(), atol=1e-4)
+    w.add_(1.0)                                                              # the packed copy keeps the old values
+    assert torch.allclose(linear(x, packed).double(), expect, atol=1e-4)
+
+
+def test_prepacking_applies_to_float32_on_the_cpu_only():
+    assert kernels.can_prepack(torch.device("cpu"), torch.float32)
+    assert not kernels.can_prepack(torch.device("cpu"), torch.bfloat16)
+    assert not kernels.can_prepack(torch.device("cuda", 0), torch.float32)
+    assert not kernels.can_prepack(torch.device("meta"), torch.float32)
+
+
 def test_frozen_weight_gets_no_gradient():
     x, w, b = tensors()
     w.requires_grad_(False)

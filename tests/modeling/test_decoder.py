@@ -57,10 +57,16 @@ def last_logits(model, ids, mask):
     return out.logits[:, -1].float()
 
 
+@pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("kind", list(CONFIGS))
 @torch.no_grad()
-def test_decode_steps_match_full_forward(kind):
-    """Several lean decode steps (with rows dropped mid-way) == a full forward over the whole sequence."""
+def test_decode_steps_match_full_forward(kind, pack, monkeypatch):
+    """Several lean decode steps (with rows dropped mid-way) == a full forward over the whole sequence, with
+    the rollout's weights oneDNN-packed (CPU float32's default) and without (CUDA, autocast dtypes)."""
+    import grpo.modeling.decoder as decoder_module
+
+    if not pack:
+        monkeypatch.setattr(decoder_module, "can_prepack", lambda *a: False)
     model = make_model(kind)
     decoder = lean_decoder(model)
     assert decoder is not None
@@ -68,6 +74,9 @@ def test_decode_steps_match_full_forward(kind):
     G, steps = 2, 6
     logits, cache = prefill(model, ids, mask)  # [B, V]
     state = decoder.start(cache, mask, G, steps)
+    assert (state.head is not None) == pack
+    if kind != "qwen2-lora":  # LoRA-adapted projections keep their modules
+        assert all(w.is_mkldnn == pack for f in state.fused for w in (f.qkv, f.gate_up, f.o, f.down))
     seq, seq_mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)  # [N, P]
     gen = torch.Generator().manual_seed(0)
     for t in range(steps):
@@ -83,20 +92,24 @@ def test_decode_steps_match_full_forward(kind):
 
 
 @torch.no_grad()
-def test_decode_step_runs_a_plain_lm_head_through_the_cpu_kernel(monkeypatch):
+@pytest.mark.parametrize("pack", [True, False])
+def test_decode_step_runs_a_plain_lm_head_through_the_cpu_kernel(monkeypatch, pack):
     """The LM head of a decode step goes through grpo.modeling.cpu_kernels.linear (oneDNN on CPU float32),
-    like the projections; a LoRA-adapted head keeps its own module."""
+    like the projections: as this rollout's oneDNN-packed copy on CPU float32, else as the head's own weight."""
     import grpo.modeling.decoder as decoder_module
 
+    if not pack:
+        monkeypatch.setattr(decoder_module, "can_prepack", lambda *a: False)
     model = make_model("qwen2")
     decoder = lean_decoder(model)
     ids, mask = make_prompts()
     state = decoder.start(prefill(model, ids, mask)[1], mask, 2, 2)
+    assert (state.head is not None) == pack
     weights = []
     real = decoder_module.linear
     monkeypatch.setattr(decoder_module, "linear", lambda x, w, b=None: weights.append(w) or real(x, w, b))
     logits = decoder.step(state, torch.ones(state.num_rows, dtype=torch.long))
-    assert any(w is model.lm_head.weight for w in weights)
+    assert any(w is (state.head if pack else model.lm_head.weight) for w in weights)
     assert logits.shape == (state.num_rows, VOCAB)
 
 

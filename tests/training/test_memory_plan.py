@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from grpo.config import AlgorithmConfig, build_config
+from grpo.modeling import cpu_kernels
 from grpo.training.memory_plan import (MemoryBudgetError, ModelShape, StepShape, default_chunk, fused_weight_bytes,
                                        head_bytes,
                                        kv_cache_bytes, optimizer_bytes, phase_bytes, plan_memory,
@@ -31,6 +32,8 @@ def test_the_pieces_by_hand():
     assert optimizer_bytes(M) == 10_000 * (4 + 4 + 4)                       # gradient + AdamW's two moments
     assert kv_cache_bytes(M, S) == 2 * 2 * 2 * 16 * 4 * (2 * 8 + 4 * 24)     # = 57,344: prompts once, rows each
     assert fused_weight_bytes(M) == 2 * 64 * (64 + 2 * 2 * 16 + 2 * 128) * 4   # = 196,608: q/k/v, gate/up copies
+    packed = dataclasses.replace(M, packed_rollout=True)                    # CPU float32: every projection, the head
+    assert fused_weight_bytes(packed) == (2 * 64 * (64 + 2 * 2 * 16 + 2 * 128 + 64 + 128) + 100 * 64) * 4  # = 320,512
     # per layer 10 x 64 + 3.5 x 128 = 1088 values; plus 4 x 64 outside the layers
     assert stored_values_per_token(M, False) == 2 * 1088 + 256              # every layer's activations: 2432
     assert stored_values_per_token(M, True) == 2 * 64 + 1088 + 256          # layer inputs + one layer: 1472
@@ -190,3 +193,15 @@ def test_a_run_that_cannot_fit_stops_before_its_first_step(tmp_path):
                                                 r"estimated [0-9.]+ GiB \(rollout"):
         trainer.train()
     assert not (out / "metrics.jsonl").exists() and not (out / "config.yaml").exists()
+
+
+def test_planner_counts_packed_rollout_weights_where_they_are_made():
+    """model_shape marks a float32 CPU policy's rollout as packed (grpo.modeling.rollout_weights), so its
+    rollout phase counts every projection and the head; bf16 autocast and meta / non-CPU weights are not."""
+    model = tiny_qwen2().float()
+    assert model_shape(model, 4).packed_rollout == cpu_kernels.onednn_works()
+    assert not model_shape(tiny_qwen2(), 8).packed_rollout                # float64 weights: no packing
+    assert not model_shape(model, 2).packed_rollout                       # autocast dtype: no packing
+    assert not model_shape(model.to(torch.bfloat16), 2).packed_rollout
+    with torch.device("meta"):
+        assert not model_shape(tiny_qwen2().float(), 4).packed_rollout

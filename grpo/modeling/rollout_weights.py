@@ -1,0 +1,106 @@
+"""The weights a rollout's decode steps multiply by, prepared once per rollout (grpo.modeling.decoder).
+
+Two preparations, both copies made before the first decode step and freed with the rollout's cache:
+
+- **fusion**: q/k/v and gate/up concatenated, one GEMM each instead of three and two. It saves per-call
+  overhead, which matters for small matrices (embedded model: -0.4 ms of a 4 ms decode step).
+- **oneDNN packing** (CPU float32, :func:`grpo.modeling.cpu_kernels.prepack`): every projection and the LM
+  head in oneDNN's blocked layout for the rollout's row count, so no decode step re-lays the weights out.
+  Measured on qwen2-100m (2-core AMD EPYC, AVX2, bench/decode_pack.py): see docs/performance.md.
+
+Without packing (CUDA, autocast dtypes, no oneDNN), the fused copies are made only while they stay within
+:data:`FUSE_MAX_BYTES`: for large matrices fusion would only cost memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo.modeling.cpu_kernels import DnnLinear, prepack
+
+#: Without packing, fuse q/k/v and gate/up for a rollout only while the copies stay this small.
+FUSE_MAX_BYTES = 32 * 2 ** 20
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """One layer's projection weights for the length of a rollout: q/k/v and gate/up concatenated
+    (copies), o and down as they are (the modules' own tensors) or, when packed, all four as oneDNN-packed
+    copies. All go through :func:`grpo.modeling.cpu_kernels.linear`.
+
+    Shape: qkv [H*d + 2*kv*d, D], qkv_bias [H*d + 2*kv*d] or None, gate_up [2*I, D], o [D, H*d],
+    o_bias [D] or None, down [D, I], down_bias [D] or None
+    """
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    qkv_sizes: tuple[int, int, int]
+    gate_up: torch.Tensor
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def _plain_layer(layer) -> bool:
+    """Every projection a plain (or oneDNN-switched) linear layer, the MLP gate/up/down without gate/up biases."""
+    attn, mlp = layer.self_attn, layer.mlp
+    mods = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+            *(getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))]
+    return (all(type(m) in (torch.nn.Linear, DnnLinear) for m in mods) and hasattr(mlp, "act_fn")
+            and mlp.gate_proj.bias is None and mlp.up_proj.bias is None)
+
+
+def fuse_projections(layers, dtype: torch.dtype | None = None, pack_rows: int | None = None) -> list[FusedLayer] | None:
+    """Every layer's projection weights prepared for one rollout, or None when any projection is not a
+    plain linear layer (LoRA, quantised, ...) or the MLP is not gate/up/down.
+
+    `pack_rows` (the rollout's rows, CPU float32 only): all weights oneDNN-packed for that many rows, whatever
+    their size. Otherwise the concatenated copies are made only within :data:`FUSE_MAX_BYTES` (else None), in
+    `dtype` when given (autocast's, under `train.precision` bf16 / fp16: cast once, not at every decode step).
+    """
+    if not all(_plain_layer(layer) for layer in layers):
+        return None
+    if pack_rows is not None and any(p.dtype != torch.float32 for layer in layers for p in layer.parameters()):
+        pack_rows = None  # packing is for float32 weights only
+    if pack_rows is None:
+        size = sum(m.weight.numel() * m.weight.element_size() for layer in layers
+                   for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                             layer.mlp.gate_proj, layer.mlp.up_proj))
+        if size > FUSE_MAX_BYTES:
+            return None
+
+    def ready(w: torch.Tensor) -> torch.Tensor:
+        return prepack(w, pack_rows) if pack_rows is not None else w
+
+    fused = []
+    with torch.no_grad():
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+            biases = [m.bias for m in qkv]
+            fused.append(FusedLayer(
+                qkv=ready(torch.cat([m.weight for m in qkv]).to(dtype)),  # [H*d + 2*kv*d, D]
+                qkv_bias=None if all(b is None for b in biases) else torch.cat(
+                    [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(qkv, biases)]
+                ).to(dtype),
+                qkv_sizes=tuple(m.out_features for m in qkv),
+                gate_up=ready(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype)),  # [2*I, D]
+                o=ready(attn.o_proj.weight), o_bias=attn.o_proj.bias,
+                down=ready(mlp.down_proj.weight), down_bias=mlp.down_proj.bias,
+            ))
+    return fused
+
+
+def packed_head(head, pack_rows: int | None) -> torch.Tensor | None:
+    """The LM head's weight oneDNN-packed for `pack_rows` rows, or None (no packing, or a head that is not a
+    plain linear layer: LoRA-adapted heads keep their own forward).
+
+    Shape: [V, D] -> [V, D] (``torch._mkldnn`` layout)
+    """
+    if pack_rows is None or type(head) not in (torch.nn.Linear, DnnLinear) or head.weight.dtype != torch.float32:
+        return None
+    with torch.no_grad():
+        return prepack(head.weight, pack_rows)
