@@ -273,6 +273,10 @@ class TrainConfig:
                            "pass and recompute the rest (grpo/modeling/lean_layers.py); same values. Worth it for long "
                            "completions or a tight memory budget: speed-neutral on a 100M model, 22% slower updates "
                            "on the 0.8M demo model.")
+    grad_in_place: bool = _f(True, "CPU, one process: each linear layer's weight gradient is accumulated into .grad by "
+                             "one in-place GEMM per micro-batch instead of a new tensor plus an add (same values; "
+                             "grpo/modeling/cpu_kernels.py GradIntoLinear). Off under torchrun (DDP / FSDP reduce "
+                             "gradients from hooks this skips), on CUDA and for oneDNN-switched linears.")
     logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto: about 32 MiB "
                                  "of float32 logits per chunk, less when train.memory_budget_gib needs it); the full "
                                  "[N, T, vocab] logits never exist.")

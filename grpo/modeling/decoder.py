@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.modeling.cpu_kernels import can_prepack, linear
+from grpo.modeling.cpu_kernels import PLAIN_LINEARS, can_prepack, linear
 from grpo.modeling.precision import active_dtype, paused
 from grpo.modeling.rollout_weights import FusedLayer, fuse_projections, packed_head
 
@@ -164,7 +164,7 @@ class LeanDecoder:
         head, x = self.model.lm_head, inner.norm(h)
         if cache.head is not None:  # this rollout's oneDNN-packed copy
             return linear(x, cache.head, head.bias)  # [n, V]
-        if type(head) is torch.nn.Linear:  # through oneDNN like the projections: 2x MKL at 16 rows x 32k vocab
+        if type(head) in PLAIN_LINEARS:  # through oneDNN like the projections: 2x MKL at 16 rows x 32k vocab
             return linear(x, head.weight, head.bias)  # [n, V]
         return head(x)  # [n, V] (LoRA-adapted or already oneDNN)
 

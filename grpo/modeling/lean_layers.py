@@ -26,7 +26,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling.cpu_kernels import DnnLinear, _dnn, _eligible
+from grpo.modeling.cpu_kernels import PLAIN_LINEARS, DnnLinear, GradIntoLinear, _dnn, _eligible, accumulate_grad
 
 #: RMSNorm classes whose forward is  weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype).
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "Qwen2MoeRMSNorm",
@@ -72,15 +72,33 @@ class SwiGLUFn(torch.autograd.Function):
     s = sigmoid(g), a = g s u and ga = gy Wd: dWd = gy^T a, du = ga g s, dg = ga u s (1 + g (1 - s)),
     dx = dg Wg + du Wu, dWg = dg^T x, dWu = du^T x.
 
+    `into`: the weight gradients are accumulated into ``.grad`` in place (the projections are
+    :class:`grpo.modeling.cpu_kernels.GradIntoLinear`), autograd receives None for them.
+
     Shape: x [M, H], Wg / Wu [I, H], Wd [H, I] -> [M, H]
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, onednn: bool):
+    def forward(ctx, x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, onednn: bool,
+                into: bool = False):
         g, u = _gemm(onednn, x, wg), _gemm(onednn, x, wu)                        # [M, I]
         ctx.save_for_backward(x, g, u, wg, wu, wd)
-        ctx.onednn = onednn
+        ctx.onednn, ctx.into = onednn, into
+        ctx.params = (wg, wu, wd) if into else None  # the leaves themselves: saved tensors may come back as aliases
         return _gemm(onednn, F.silu(g) * u, wd)                                  # [M, H]
+
+    @staticmethod
+    def _weight_grad(ctx, i: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+        """a^T b, the gradient of weight input `i`: returned, or (`into`) added to that parameter's .grad.
+
+        Shape: a [M, N], b [M, K] -> [N, K]
+        """
+        if not ctx.needs_input_grad[i]:
+            return None
+        if ctx.into:
+            accumulate_grad(ctx.params[i - 1], a.t(), b)
+            return None
+        return _gemm(ctx.onednn, a.t(), b.t())
 
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
@@ -90,14 +108,14 @@ class SwiGLUFn(torch.autograd.Function):
         s = torch.sigmoid(g)
         gs = g * s                                                               # silu(g)
         ga = _gemm(mm, gy, wd.t())                                               # [M, I] = gy Wd
-        gwd = _gemm(mm, gy.t(), (gs * u).t()) if ctx.needs_input_grad[3] else None       # [H, I]
+        gwd = SwiGLUFn._weight_grad(ctx, 3, gy, gs * u)                          # [H, I] = gy^T a
         du = ga * gs
         dg = ga.mul_(u).mul_(s.mul_(1 + g * (1 - s)))                            # in place: ga, s are spent
         del gs, s
         gx = _gemm(mm, dg, wg.t()) + _gemm(mm, du, wu.t()) if ctx.needs_input_grad[0] else None   # [M, H]
-        gwg = _gemm(mm, dg.t(), x.t()) if ctx.needs_input_grad[1] else None      # [I, H]
-        gwu = _gemm(mm, du.t(), x.t()) if ctx.needs_input_grad[2] else None
-        return gx, gwg, gwu, gwd, None
+        gwg = SwiGLUFn._weight_grad(ctx, 1, dg, x)                               # [I, H] = dg^T x
+        gwu = SwiGLUFn._weight_grad(ctx, 2, du, x)                               # [I, H] = du^T x
+        return gx, gwg, gwu, gwd, None, None
 
 
 def _lean_on(x: torch.Tensor, *params: torch.Tensor) -> bool:
@@ -120,13 +138,14 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
         return type(self).forward(self, x)
     x2 = x.reshape(-1, x.shape[-1])
     onednn = all(type(p) is DnnLinear for p in projections) and _eligible(x2, weights[0])
-    out = SwiGLUFn.apply(x2.contiguous() if onednn else x2, *weights, onednn)
+    into = all(type(p) is GradIntoLinear and p.weight.is_leaf for p in projections)
+    out = SwiGLUFn.apply(x2.contiguous() if onednn else x2, *weights, onednn, into)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _is_swiglu(module: torch.nn.Module) -> bool:
     projections = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-    return (all(type(p) in (torch.nn.Linear, DnnLinear) and p.bias is None for p in projections)
+    return (all(type(p) in PLAIN_LINEARS and p.bias is None for p in projections)
             and type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"))
 
 

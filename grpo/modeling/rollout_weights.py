@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.modeling.cpu_kernels import DnnLinear, prepack
+from grpo.modeling.cpu_kernels import PLAIN_LINEARS, prepack
 
 #: Without packing, fuse q/k/v and gate/up for a rollout only while the copies stay this small.
 FUSE_MAX_BYTES = 32 * 2 ** 20
@@ -49,7 +49,7 @@ def _plain_layer(layer) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
     mods = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
             *(getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))]
-    return (all(type(m) in (torch.nn.Linear, DnnLinear) for m in mods) and hasattr(mlp, "act_fn")
+    return (all(type(m) in PLAIN_LINEARS for m in mods) and hasattr(mlp, "act_fn")
             and mlp.gate_proj.bias is None and mlp.up_proj.bias is None)
 
 
@@ -100,7 +100,7 @@ def packed_head(head, pack_rows: int | None) -> torch.Tensor | None:
 
     Shape: [V, D] -> [V, D] (``torch._mkldnn`` layout)
     """
-    if pack_rows is None or type(head) not in (torch.nn.Linear, DnnLinear) or head.weight.dtype != torch.float32:
+    if pack_rows is None or type(head) not in PLAIN_LINEARS or head.weight.dtype != torch.float32:
         return None
     with torch.no_grad():
         return prepack(head.weight, pack_rows)

@@ -86,12 +86,14 @@ class CpuRuntime:
             torch.set_num_threads(self.cfg.train.num_threads)
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The policy on the CPU with oneDNN float32 linears where they are faster (`model.cpu_matmul`)."""
+        """The policy on the CPU with oneDNN float32 linears where they are faster (`model.cpu_matmul`), the others
+        accumulating their weight gradients in place in a single process (`train.grad_in_place`)."""
         from grpo.modeling.cpu_kernels import use_cpu_matmul
+        from grpo.training.distributed import env_world_size
 
         if model_device(model) != self.device:
             model.to(self.device)
-        use_cpu_matmul(model, self.cfg.model.cpu_matmul)
+        use_cpu_matmul(model, self.cfg.model.cpu_matmul, self.cfg.train.grad_in_place and env_world_size() == 1)
         return model
 
     def micro_batch_tokens(self, model: torch.nn.Module) -> int:

@@ -161,3 +161,86 @@ def test_mmap_threshold_is_left_alone_when_off_or_user_set(monkeypatch):
     import ctypes.util
     if ctypes.util.find_library("c") and "libc.so.6" in (ctypes.util.find_library("c") or ""):
         assert set_mmap_threshold(1) is True                                  # glibc accepts it
+
+
+# --- train.grad_in_place: weight gradients accumulated into .grad by one GEMM --------------------------------
+
+def grads_of(model, batches, checkpointing: bool = False, chunked: bool = False) -> dict[str, torch.Tensor]:
+    """The accumulated gradients of one backward pass per batch (micro-batches of one step)."""
+    from grpo.modeling.logprobs import completion_logprobs
+    from grpo.training.update import set_gradient_checkpointing
+
+    set_gradient_checkpointing(model, checkpointing)
+    model.train()
+    for ids in batches:
+        if chunked:   # the trainer's path: backbone, then the LM head in checkpointed chunks
+            out = completion_logprobs(model, ids, torch.ones_like(ids), 4, chunk_size=3)
+            loss = out[0].sum()
+        else:
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("checkpointing,chunked,lean", [(False, False, False), (True, False, False),
+                                                       (False, True, False), (True, True, True), (False, False, True)])
+def test_in_place_weight_gradients_equal_autograds(checkpointing, chunked, lean):
+    """GradIntoLinear over two micro-batches == stock autograd (float64, 1e-12), tied LM head and embedding
+    included, under activation checkpointing, the chunked checkpointed LM head and the lean SwiGLU MLP."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo.modeling.lean_layers import use_lean_layers
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    plain = Qwen2ForCausalLM(cfg).double()
+    into = copy.deepcopy(plain)
+    assert use_cpu_matmul(into, "aten", grad_in_place=True) == 0
+    assert sum(type(m) is kernels.GradIntoLinear for m in into.modules()) == 2 * 7 + 1
+    if lean:
+        use_lean_layers(plain), use_lean_layers(into)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 40, (2, 9), generator=g), torch.randint(0, 40, (3, 7), generator=g)]
+    expect = grads_of(plain, batches, checkpointing, chunked)
+    got = grads_of(into, batches, checkpointing, chunked)
+    assert expect.keys() == got.keys()
+    for name in expect:
+        assert expect[name].abs().max() > 0, name
+        torch.testing.assert_close(got[name], expect[name], atol=1e-12, rtol=1e-10, msg=name)
+
+
+def test_in_place_linear_falls_back_where_it_must():
+    """Frozen weights, no autograd, autocast and a mismatched input dtype take F.linear (no .grad written)."""
+    layer = torch.nn.Linear(6, 5)
+    layer.__class__ = kernels.GradIntoLinear
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x).grad_fn.name() != "_GradIntoLinearFnBackward"
+    y = layer(x)
+    assert y.grad_fn.name() == "_GradIntoLinearFnBackward"
+    y.sum().backward()
+    torch.testing.assert_close(layer.weight.grad, torch.ones(4, 5).t() @ x)     # dW = dY^T X
+    torch.testing.assert_close(layer.bias.grad, torch.full((5,), 4.0))          # db = sum dY
+    layer.requires_grad_(False)
+    assert layer(x.requires_grad_()).grad_fn.name() != "_GradIntoLinearFnBackward"
+
+
+@pytest.mark.parametrize("world,setting,expected", [("1", True, "GradIntoLinear"), ("2", True, "Linear"),
+                                                     ("1", False, "Linear")])
+def test_cpu_runtime_accumulates_in_place_in_one_process_only(monkeypatch, world, setting, expected):
+    """train.grad_in_place applies in a single CPU process: under torchrun DDP / FSDP reduce gradients from the
+    hooks it skips, so the linears stay plain there."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo.config import build_config
+    from grpo.training.runtime import CpuRuntime
+
+    monkeypatch.setenv("WORLD_SIZE", world)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    cfg = build_config(overrides={"model.cpu_matmul": "aten", "train.grad_in_place": setting})
+    CpuRuntime(torch.device("cpu"), cfg).place(model)
+    assert {type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)} == {expected}
