@@ -1,7 +1,7 @@
 """The update's forward+backward against the machine's GEMM peak, and its peak memory, by layer kind and
 micro-batch size (issue 22, item 3).
 
-    .venv/bin/python bench/update_peak.py [--configs stock-256,lean-256,lean-704,lean-704-heap,hf-full] [--rounds 2]
+    .venv/bin/python bench/update_peak.py [--configs autograd-256,default-256,...,hf-full] [--rounds 2]
 
 One forward+backward of the qwen2-100m fixture (bench/common.py) over 16 rows x (24 prompt + 64 completion)
 tokens, as the update runs it: log-probs and entropy of the completion tokens through the chunked LM head,
@@ -9,10 +9,13 @@ rows in token-budget micro-batches (grpo.modeling.logprobs.bucketed_micro_batche
 2 threads, `model.cpu_matmul: auto`, glibc's mmap threshold as `grpo train` sets it (train.mmap_threshold_mb = 1)
 unless a configuration says otherwise. Configurations, each a fresh process, alternating over `--rounds`:
 
-* stock-256: stock Hugging Face layers, 256-token micro-batches (the default before train.lean_layers);
-* lean-256: train.lean_layers (grpo/modeling/lean_layers.py), the default micro-batch (256 tokens);
-* lean-704: lean layers, 704-token micro-batches (8 rows);
-* lean-704-heap: the same with train.mmap_threshold_mb = 0 (glibc's own, dynamic threshold);
+* autograd-256: stock Hugging Face layers, weight gradients through autograd (train.grad_in_place false),
+  256-token micro-batches: the defaults before 2026-11-25;
+* default-256: the defaults: weight gradients accumulated in place (train.grad_in_place, GradIntoLinear),
+  the default micro-batch (256 tokens);
+* lean-256: the same with train.lean_layers (grpo/modeling/lean_layers.py);
+* default-704 / lean-704: 704-token micro-batches (8 rows);
+* default-704-heap: the same with train.mmap_threshold_mb = 0 (glibc's own, dynamic threshold);
 * hf-full: a plain Hugging Face forward+backward of the whole batch at once (full logits, log-softmax,
   stock layers and aten linears, glibc's own threshold): the issue's reference point.
 
@@ -34,9 +37,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-#: name: (train.lean_layers, micro-batch tokens (-1: the whole batch in one plain pass), train.mmap_threshold_mb)
-CONFIGS = {"stock-256": (False, 256, 1), "lean-256": (True, 0, 1), "lean-704": (True, 704, 1),
-           "lean-704-heap": (True, 704, 0), "hf-full": (False, -1, 0)}
+#: name: (train.lean_layers, micro-batch tokens (-1: the whole batch in one plain pass), train.mmap_threshold_mb,
+#: train.grad_in_place)
+CONFIGS = {"autograd-256": (False, 256, 1, False), "default-256": (False, 0, 1, True), "lean-256": (True, 0, 1, True),
+           "default-704": (False, 704, 1, True), "lean-704": (True, 704, 1, True),
+           "default-704-heap": (False, 704, 0, True), "hf-full": (False, -1, 0, False)}
 ROWS, PROMPT, NEW = 16, 24, 64
 
 
@@ -51,12 +56,12 @@ def child(name: str) -> dict:
     from grpo.modeling.models import load_policy
     from grpo.training.update import micro_batch_tokens
 
-    lean, tokens, mmap_mb = CONFIGS[name]
+    lean, tokens, mmap_mb, in_place = CONFIGS[name]
     torch.set_num_threads(2)
     set_mmap_threshold(mmap_mb)
     model, _ = load_policy(str(build_bench_model("qwen2-100m", MODELS_DIR)))
     use_lean_layers(model, lean)
-    use_cpu_matmul(model, "aten" if tokens < 0 else "auto")
+    use_cpu_matmul(model, "aten" if tokens < 0 else "auto", grad_in_place=in_place)
     model.train()
     budget = micro_batch_tokens(tokens, model) if tokens >= 0 else -1
     gen = torch.Generator().manual_seed(0)
@@ -85,6 +90,7 @@ def child(name: str) -> dict:
         seconds.append(time.perf_counter() - t0)
         fractions.append(flops / seconds[-1] / peak)
     out = {"config": name, "lean_layers": lean, "micro_batch_tokens": budget, "mmap_threshold_mb": mmap_mb,
+           "grad_in_place": in_place,
            "fwd_bwd_s": min(seconds),
            "fraction_of_peak": max(fractions), "peak_delta_mb": rss.peak() - base}
     rss.close()
@@ -116,11 +122,13 @@ def main() -> None:
     for name in names:
         rs = runs[name]
         rows.append({"config": name, "micro_batch_tokens": rs[0]["micro_batch_tokens"],
+                     "grad_in_place": rs[0]["grad_in_place"],
                      "mmap_threshold_mb": rs[0]["mmap_threshold_mb"],
                      "fwd_bwd_s": median([x["fwd_bwd_s"] for x in rs]),
                      "fraction_of_peak": median([x["fraction_of_peak"] for x in rs]),
                      "peak_delta_mb": median([x["peak_delta_mb"] for x in rs])})
-    print_table(rows, ["config", "micro_batch_tokens", "mmap_threshold_mb", "fwd_bwd_s", "fraction_of_peak", "peak_delta_mb"])
+    print_table(rows, ["config", "micro_batch_tokens", "mmap_threshold_mb", "grad_in_place", "fwd_bwd_s",
+                       "fraction_of_peak", "peak_delta_mb"])
     write_results("update_peak", rows, {"rounds": args.rounds, "runs": runs})
 
 

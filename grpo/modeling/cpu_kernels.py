@@ -24,6 +24,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear
+
 MODES = ("auto", "onednn", "aten")
 
 
@@ -200,67 +202,6 @@ class DnnLinear(torch.nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-def accumulate_grad(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None = None) -> None:
-    """param.grad += a @ b (or += a when `b` is None), in place: the product is written into the gradient by one
-    ``addmm_``, where autograd would allocate it, then add it. The first product makes the gradient.
-
-    Shape: param [N, K] with a [N, M], b [M, K]; or param [N] with a [N]
-    """
-    if param.grad is None:
-        param.grad = (a @ b if b is not None else a.clone()).to(param.dtype)
-    elif b is not None:
-        param.grad.addmm_(a, b)
-    else:
-        param.grad.add_(a)
-
-
-class _GradIntoLinearFn(torch.autograd.Function):
-    """y = x W^T + b whose weight and bias gradients go straight into ``.grad`` (:func:`accumulate_grad`);
-    autograd receives None for them, so no gradient hook of the parameters runs.
-
-    The parameters (leaves) are kept on ctx, not saved: under activation checkpointing a saved tensor comes back
-    as a recomputed alias, whose ``.grad`` is not the parameter's."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        ctx.weight, ctx.bias = weight, bias
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (x,), weight = ctx.saved_tensors, ctx.weight
-        gx = grad @ weight if ctx.needs_input_grad[0] else None             # [..., K] = dY W
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            g2 = grad.reshape(-1, grad.shape[-1])                            # [M, N]
-            if ctx.needs_input_grad[1]:
-                accumulate_grad(weight, g2.t(), x.reshape(-1, x.shape[-1]))  # [N, K] += dY^T X
-            if ctx.needs_input_grad[2]:
-                accumulate_grad(ctx.bias, g2.sum(dim=0))                     # [N] += sum dY
-        return gx, None, None
-
-
-class GradIntoLinear(torch.nn.Linear):
-    """An ``nn.Linear`` (same parameters, state dict and isinstance) whose weight gradient is accumulated into
-    ``.grad`` by one in-place GEMM per backward pass (CPU, one process: `train.grad_in_place`).
-
-    Autograd would compute each micro-batch's dW = dY^T X into a new tensor and add it to ``.grad``: on the CPU
-    that is a fresh allocation of the weight's size per linear and micro-batch (new pages from the kernel at
-    `train.mmap_threshold_mb` 1) and one more pass over it. Measured on qwen2-100m's 84 projection shapes,
-    176-token micro-batches, 2 threads: 291 ms -> 163 ms per micro-batch's weight gradients. Gradient hooks
-    of the weights do not run, so DDP / FSDP (which reduce gradients from those hooks) keep plain linears;
-    under autocast, without autograd or for frozen weights the forward is ``F.linear``.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight, self.bias
-        if (torch.is_grad_enabled() and (weight.requires_grad or (bias is not None and bias.requires_grad))
-                and weight.is_leaf and (bias is None or bias.is_leaf)
-                and not torch.is_autocast_enabled(x.device.type) and x.dtype == weight.dtype):
-            return _GradIntoLinearFn.apply(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
-
 @functools.lru_cache(maxsize=None)
 def onednn_works() -> bool:
     """oneDNN's linear is present in this torch build and agrees with ``F.linear`` (float32)."""
@@ -312,7 +253,8 @@ def should_switch(mode: str, width: int = AUTO_MIN_WIDTH) -> bool:
 
 def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto", grad_in_place: bool = False) -> int:
     """Switch every ``nn.Linear`` of `model` to :class:`DnnLinear` (or back, when `mode` says no); with
-    `grad_in_place`, the linears that stay on aten become :class:`GradIntoLinear`.
+    `grad_in_place`, the linears that stay on aten become :class:`GradIntoLinear` and the embeddings
+    :class:`GradIntoEmbedding` (and back without).
 
     Returns the number of linear layers that now run through oneDNN. Parameters are untouched; only
     the class of each module changes, so state dicts, peft wrappers and checkpoints are unaffected.
@@ -320,11 +262,14 @@ def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto", grad_in_place: bo
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     width = getattr(getattr(inner, "config", None), "hidden_size", AUTO_MIN_WIDTH)
     target = DnnLinear if should_switch(mode, width) else GradIntoLinear if grad_in_place else torch.nn.Linear
+    embedding = GradIntoEmbedding if grad_in_place else torch.nn.Embedding
     switched = 0
     for module in model.modules():
         if type(module) in PLAIN_LINEARS:
             module.__class__ = target
             switched += target is DnnLinear
+        elif type(module) in (torch.nn.Embedding, GradIntoEmbedding):
+            module.__class__ = embedding
     return switched
 
 

@@ -26,7 +26,8 @@ import types
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling.cpu_kernels import PLAIN_LINEARS, DnnLinear, GradIntoLinear, _dnn, _eligible, accumulate_grad
+from grpo.modeling.cpu_kernels import PLAIN_LINEARS, DnnLinear, _dnn, _eligible
+from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad
 
 #: RMSNorm classes whose forward is  weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype).
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "Qwen2MoeRMSNorm",

@@ -182,29 +182,36 @@ def grads_of(model, batches, checkpointing: bool = False, chunked: bool = False)
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("checkpointing,chunked,lean", [(False, False, False), (True, False, False),
-                                                       (False, True, False), (True, True, True), (False, False, True)])
-def test_in_place_weight_gradients_equal_autograds(checkpointing, chunked, lean):
-    """GradIntoLinear over two micro-batches == stock autograd (float64, 1e-12), tied LM head and embedding
-    included, under activation checkpointing, the chunked checkpointed LM head and the lean SwiGLU MLP."""
+@pytest.mark.parametrize("checkpointing,chunked,lean,tied", [
+    (False, False, False, True), (True, False, False, True), (False, True, False, True), (True, True, True, True),
+    (False, False, True, False), (False, True, False, False)])
+def test_in_place_weight_gradients_equal_autograds(checkpointing, chunked, lean, tied):
+    """GradIntoLinear / GradIntoEmbedding over two micro-batches == stock autograd (float64, 1e-12), tied or
+    separate LM head and embedding (whose padding row gets no gradient), under activation checkpointing, the
+    chunked checkpointed LM head and the lean SwiGLU MLP."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear
     from grpo.modeling.lean_layers import use_lean_layers
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, pad_token_id=0,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
     plain = Qwen2ForCausalLM(cfg).double()
     into = copy.deepcopy(plain)
     assert use_cpu_matmul(into, "aten", grad_in_place=True) == 0
-    assert sum(type(m) is kernels.GradIntoLinear for m in into.modules()) == 2 * 7 + 1
+    assert sum(type(m) is GradIntoLinear for m in into.modules()) == 2 * 7 + 1
+    assert type(into.model.embed_tokens) is GradIntoEmbedding and into.model.embed_tokens.padding_idx == 0
     if lean:
         use_lean_layers(plain), use_lean_layers(into)
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 40, (2, 9), generator=g), torch.randint(0, 40, (3, 7), generator=g)]
+    batches[0][:, :2] = 0                                                    # padding tokens in the input
     expect = grads_of(plain, batches, checkpointing, chunked)
     got = grads_of(into, batches, checkpointing, chunked)
     assert expect.keys() == got.keys()
+    if not tied:                                                             # the padding row: no gradient
+        assert not got["model.embed_tokens.weight"][0].any()
     for name in expect:
         assert expect[name].abs().max() > 0, name
         torch.testing.assert_close(got[name], expect[name], atol=1e-12, rtol=1e-10, msg=name)
@@ -212,8 +219,10 @@ def test_in_place_weight_gradients_equal_autograds(checkpointing, chunked, lean)
 
 def test_in_place_linear_falls_back_where_it_must():
     """Frozen weights, no autograd, autocast and a mismatched input dtype take F.linear (no .grad written)."""
+    from grpo.modeling.grad_in_place import GradIntoLinear
+
     layer = torch.nn.Linear(6, 5)
-    layer.__class__ = kernels.GradIntoLinear
+    layer.__class__ = GradIntoLinear
     x = torch.randn(4, 6)
     with torch.no_grad():
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
