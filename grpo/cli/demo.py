@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import demo_config
+from grpo.config import demo_config, demo_output_dir
 
 # The demo's training settings (every other key keeps its default; see `grpo train --help-config`).
 DEMO_CONFIG: dict[str, dict[str, Any]] = {
@@ -44,7 +44,7 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     from grpo.health.report import write_report
 
     start = time.perf_counter()
-    out = Path(out_dir)
+    out = demo_output_dir(out_dir, overrides)
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)  # a fresh run: the demo's metrics are this run's only

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import demo_config
+from grpo.config import demo_config, demo_output_dir
 from grpo.envs import ToolEnv
 
 CALCULATOR_CONFIG: dict[str, dict[str, Any]] = {
@@ -63,7 +63,7 @@ def run_calculator_demo(out_dir: str | Path = "runs/demo-calculator", *, steps: 
     from grpo.training.episode_eval import evaluate_episodes
 
     start = time.perf_counter()
-    out = Path(out_dir)
+    out = demo_output_dir(out_dir, overrides)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
     cfg = demo_config(CALCULATOR_CONFIG, out, seed, steps, overrides)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import demo_config
+from grpo.config import demo_config, demo_output_dir
 
 #: The cold-start policy of the demo (grpo/assets/shapes-vqa-sft/README.md).
 SHAPES_VQA_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "shapes-vqa-sft"
@@ -63,7 +63,7 @@ def run_shapes_vqa_demo(out_dir: str | Path = "runs/demo-shapes-vqa", *, steps: 
     from grpo.training.vlm_sft import evaluate
 
     start = time.perf_counter()
-    out = Path(out_dir)
+    out = demo_output_dir(out_dir, overrides)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
     cfg = demo_config(SHAPES_VQA_CONFIG, out, seed, steps, overrides)

@@ -143,6 +143,12 @@ def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any]
     return cfg
 
 
+def demo_output_dir(out_dir: str | Path, overrides: dict[str, Any] | None = None) -> Path:
+    """A demo's output directory: `--train.output_dir` when given (the training run writes there, so the demo's
+    plots, summary and report must read and write there too), else `out_dir` (`--out` or the demo's default)."""
+    return Path((overrides or {}).get("train.output_dir") or out_dir)
+
+
 def demo_config(base: dict[str, Any], output_dir: str | Path, seed: int, steps: int | None = None,
                 overrides: dict[str, Any] | None = None) -> Config:
     """A demo's settings: `base` (nested) with train.output_dir and train.seed, `steps` as train.max_steps

@@ -9,6 +9,8 @@ goes through the object it returns, so the loop and its stages stay device-neutr
 =====================  ==========================================  ====================================
 process set-up         glibc mmap threshold, torch thread count    torch.cuda.set_device
 placing the policy     oneDNN float32 linears (`model.cpu_matmul`)  ``model.to(device)``
+                       or in-place weight gradients (one process,
+                       `train.grad_in_place`)
 micro-batch tokens     auto: 2**20 / (hidden x layers), >= 256     auto: a quarter of free memory / the
                                                                    per-token activation estimate
 memory budget          auto: RSS + 80% of min(MemAvailable,           auto: allocated + 80% of

@@ -18,6 +18,16 @@ def test_demo_writes_summary_metrics_and_curves(tmp_path):
     assert len((tmp_path / "demo" / "samples.jsonl").read_text().splitlines()) == 2 * 2   # best + worst per step
 
 
+def test_demo_follows_train_output_dir(tmp_path):
+    """`grpo demo --train.output_dir DIR`: the run writes there, so do the demo's summary, curves and report
+    (they used to be looked for in the default directory, and the demo failed after training)."""
+    run_demo(tmp_path / "unused", steps=1, eval_problems=4, overrides={
+        "log.progress_bar": False, "train.prompts_per_step": 2, "train.output_dir": str(tmp_path / "chosen")})
+    assert len((tmp_path / "chosen" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert all((tmp_path / "chosen" / name).is_file() for name in ("summary.json", "curves.png", "report.html"))
+    assert not (tmp_path / "unused").exists()
+
+
 @pytest.mark.slow
 def test_demo_learns(tmp_path):
     """End to end: GRPO raises greedy held-out accuracy by >= 15 points (the demo's promise), and the health
