@@ -253,3 +253,27 @@ def test_cpu_runtime_accumulates_in_place_in_one_process_only(monkeypatch, world
     cfg = build_config(overrides={"model.cpu_matmul": "aten", "train.grad_in_place": setting})
     CpuRuntime(torch.device("cpu"), cfg).place(model)
     assert {type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)} == {expected}
+
+
+def test_in_place_embedding_gradient_is_reproducible_and_exact_at_two_threads():
+    """GradIntoEmbedding's index_add_ of many repeated rows: bitwise the same over repeats at 2 threads
+    (docs/reliability.md, determinism), and equal to the float64 sum of each row's gradients."""
+    from grpo.modeling.grad_in_place import GradIntoEmbedding
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(4)
+        emb = torch.nn.Embedding(50, 16)
+        emb.__class__ = GradIntoEmbedding
+        ids, up = torch.randint(0, 8, (32, 40), generator=g), torch.randn(32, 40, 16, generator=g)
+        grads = []
+        for _ in range(3):
+            emb.weight.grad = None
+            emb(ids).backward(up)
+            grads.append(emb.weight.grad.clone())
+        assert all(torch.equal(grads[0], x) for x in grads[1:])
+        expect = torch.zeros(50, 16, dtype=torch.float64).index_add_(0, ids.reshape(-1), up.reshape(-1, 16).double())
+        torch.testing.assert_close(grads[0].double(), expect, atol=1e-4, rtol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
