@@ -74,8 +74,8 @@ class GradIntoLinear(torch.nn.Linear):
         if (torch.is_grad_enabled() and (weight.requires_grad or (bias is not None and bias.requires_grad))
                 and weight.is_leaf and (bias is None or bias.is_leaf)
                 and not torch.is_autocast_enabled(x.device.type) and x.dtype == weight.dtype):
-            return _GradIntoLinearFn.apply(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+            return _GradIntoLinearFn.apply(x, weight, bias)
+        return F.linear(x, weight, bias)
 
 
 class _GradIntoEmbeddingFn(torch.autograd.Function):
