@@ -106,6 +106,7 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
                           logprob_chunk_size=plan.logprob_chunk_size,
                           gradient_checkpointing=plan.gradient_checkpointing, parallel=hooks,
                           micro_batch_tokens=plan.micro_batch_tokens, preference=token_preference_of(state.extras))   # lambda-GRPO
+    state.optimizer.zero_grad(set_to_none=True)   # not needed before the next update: out of the rollout's peak
     emit("update", step)
     return stats
 

@@ -8,13 +8,14 @@ The runtime (grpo/training/runtime.py) measures what is in use and chooses the d
 A step's peak is the largest of three phases, each linear in the tokens it holds (nothing in them grows
 with the square of the length: attention runs in torch's fused kernels, the LM head in chunks):
 
-    rollout    in_use + optimizer + KV cache (2 L kv d values per token: B P + N T tokens) + its weight copies
-    reference  in_use + optimizer + M tokens x no-grad activations (one layer at a time) + LM-head chunk
-    update     in_use + optimizer + M tokens x stored activations + LM-head chunk
+    rollout    in_use + moments + KV cache (2 L kv d values per token: B P + N T tokens) + its weight copies
+    reference  in_use + moments + M tokens x no-grad activations (one layer at a time) + LM-head chunk
+    update     in_use + moments + gradients + M tokens x stored activations + LM-head chunk
 
-with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row) and
-"optimizer" the gradients and AdamW's two moments (allocated at the first step, so counted even when not yet
-in use). Stored activations per token, in values of the compute dtype (measured on Qwen2 shapes, see
+with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row),
+"moments" AdamW's two float32 moments (allocated at the first step, so counted even when not yet in use) and
+"gradients" the trainable parameters' gradients, which live only in the update: the loop frees them after each
+optimizer step (grpo.training.loop.update). Stored activations per token, in values of the compute dtype (measured on Qwen2 shapes, see
 :data:`LAYER_VALUES`): without checkpointing every layer's a H + b I; with checkpointing each layer's input
 H plus one layer's a H + b I (recomputed in the backward pass).
 
@@ -119,7 +120,18 @@ def default_chunk(vocab: int) -> int:
 
 def optimizer_bytes(m: ModelShape) -> int:
     """Gradients (the weights' dtype) and AdamW's two float32 moments of the trainable parameters."""
-    return m.trainable_params * (m.param_bytes + 8)
+    return gradient_bytes(m) + moment_bytes(m)
+
+
+def gradient_bytes(m: ModelShape) -> int:
+    """The trainable parameters' gradients (the weights' dtype): alive only in the update (the loop frees them
+    after each optimizer step)."""
+    return m.trainable_params * m.param_bytes
+
+
+def moment_bytes(m: ModelShape) -> int:
+    """AdamW's two float32 moments of the trainable parameters: alive from the first step on."""
+    return m.trainable_params * 8
 
 
 def kv_cache_bytes(m: ModelShape, s: StepShape) -> int:
@@ -163,13 +175,14 @@ def fused_weight_bytes(m: ModelShape) -> int:
 def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpointing: bool,
                 chunk: int) -> dict[str, int]:
     """Estimated peak of each phase of a step (bytes) for a token budget, checkpointing and LM-head chunk."""
-    base = in_use + optimizer_bytes(m)
+    base = in_use + moment_bytes(m)
     M = micro_batch_padded_tokens(s, tokens)
     no_grad = (NO_GRAD_VALUES[0] * m.hidden + NO_GRAD_VALUES[1] * m.intermediate) * m.act_bytes
     head = head_bytes(m, chunk, M)
     return {"rollout": base + kv_cache_bytes(m, s) + fused_weight_bytes(m),
             "reference": base + int(M * no_grad) + head,
-            "update": base + int(M * stored_values_per_token(m, checkpointing) * m.act_bytes) + head}
+            "update": base + gradient_bytes(m) + int(M * stored_values_per_token(m, checkpointing) * m.act_bytes)
+            + head}
 
 
 def _chunks(m: ModelShape, chunk: int) -> list[int]:

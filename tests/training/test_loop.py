@@ -256,3 +256,40 @@ def test_eval_steps_log_eval_metrics_from_the_eval_dataset(tmp_path):
     with pytest.raises(ConfigError, match="train.eval_steps needs data.eval_dataset"):
         run_in_process(tiny_config(model_dir, reward, out2, **{"train.eval_steps": 2, "data.dataset": str(data)}))
     assert not out2.exists() or not any(out2.iterdir())
+
+
+def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them(tmp_path, monkeypatch):
+    """The loop drops .grad after every optimizer update (grpo.training.loop.update), so the next rollout and
+    reference pass do not hold a gradient's worth of memory (the planner counts gradients in the update only)."""
+    reward_file = tmp_path / "r.py"
+    reward_file.write_text("def digits_reward(prompts, completions, **kw):\n"
+                           "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    import grpo.training.experience as experience
+    import grpo.training.loop as trainer_module
+
+    seen = {"sample": [], "after_update": [], "in_update": []}
+    real_sample, real_update = experience.sample, trainer_module.policy_update
+
+    def sample(model, *a, **k):
+        seen["sample"].append(sum(p.grad is not None for p in model.parameters()))
+        return real_sample(model, *a, **k)
+
+    def update(model, *a, **k):
+        stats = real_update(model, *a, **k)
+        seen["in_update"].append(sum(p.grad is not None for p in model.parameters()))
+        return stats
+
+    monkeypatch.setattr(experience, "sample", sample)
+    monkeypatch.setattr(trainer_module, "policy_update", update)
+    events = []
+    from grpo import events as ev
+    listener = lambda point, step: point == "update" and events.append(step)
+    ev.add_listener(listener)
+    try:
+        _, result, _ = run(tmp_path / "a", reward_file, **{"train.max_steps": 3})
+    finally:
+        ev.remove_listener(listener)
+    n = sum(1 for p in result.model.parameters() if p.requires_grad)
+    assert seen["in_update"] == [n, n, n]              # the update made every gradient (and the step used them)
+    assert seen["sample"] == [0, 0, 0]                 # the rollouts after it saw none
+    assert events == [1, 2, 3] and all(p.grad is None for p in result.model.parameters())

@@ -14,9 +14,8 @@ import transformers
 from grpo.config import AlgorithmConfig, build_config
 from grpo.modeling import cpu_kernels
 from grpo.training.memory_plan import (MemoryBudgetError, ModelShape, StepShape, default_chunk, fused_weight_bytes,
-                                       head_bytes,
-                                       kv_cache_bytes, optimizer_bytes, phase_bytes, plan_memory,
-                                       stored_values_per_token)
+                                       gradient_bytes, head_bytes, kv_cache_bytes, moment_bytes, optimizer_bytes,
+                                       phase_bytes, plan_memory, stored_values_per_token)
 from grpo.training.runtime import CpuRuntime, model_shape, step_shape
 from grpo.training.update import build_optimizer, policy_update
 from grpo.types import TrainBatch
@@ -30,6 +29,7 @@ IN_USE = 1_000_000
 
 def test_the_pieces_by_hand():
     assert optimizer_bytes(M) == 10_000 * (4 + 4 + 4)                       # gradient + AdamW's two moments
+    assert gradient_bytes(M) == 40_000 and moment_bytes(M) == 80_000         # only the update holds gradients
     assert kv_cache_bytes(M, S) == 2 * 2 * 2 * 16 * 4 * (2 * 8 + 4 * 24)     # = 57,344: prompts once, rows each
     assert fused_weight_bytes(M) == 2 * 64 * (64 + 2 * 2 * 16 + 2 * 128) * 4   # = 196,608: q/k/v, gate/up copies
     packed = dataclasses.replace(M, packed_rollout=True)                    # CPU float32: every projection, the head
@@ -47,9 +47,10 @@ def test_the_pieces_by_hand():
 def test_roomy_budget_keeps_the_speed_heuristic_and_no_checkpointing():
     plan = plan_memory(M, S, in_use=IN_USE, budget=10 ** 8, auto_tokens=64)
     assert (plan.micro_batch_tokens, plan.gradient_checkpointing, plan.logprob_chunk_size) == (64, False, 83_886)
-    # micro-batch of 2 rows = 64 tokens; base = 1,000,000 + 120,000; head 3 x 4 x 64 x 100 = 76,800
-    assert dict(plan.phases) == {"rollout": 1_120_000 + 57_344 + 196_608,
-                                 "reference": 1_120_000 + 64 * 4096 + 76_800,        # (8 x 64 + 4 x 128) x 4 B
+    # micro-batch of 2 rows = 64 tokens; in use 1,000,000, moments 80,000, gradients (update only) 40,000;
+    # head 3 x 4 x 64 x 100 = 76,800
+    assert dict(plan.phases) == {"rollout": 1_080_000 + 57_344 + 196_608,
+                                 "reference": 1_080_000 + 64 * 4096 + 76_800,        # (8 x 64 + 4 x 128) x 4 B
                                  "update": 1_120_000 + 64 * 2432 * 4 + 76_800}
     assert plan.estimate_bytes == 1_819_392 and plan.chosen_by == "planner"
 
@@ -57,10 +58,11 @@ def test_roomy_budget_keeps_the_speed_heuristic_and_no_checkpointing():
 def test_tight_budget_turns_checkpointing_on():
     # without checkpointing one row needs 1,120,000 + 32 x 9,728 + head >= 1,455,296 > 1,400,000;
     # with it 1,120,000 + 32 x 5,888 + 38,400 = 1,346,816; 53,184 B left are 9 tokens, not a second row;
-    # the rollout (1,120,000 + 57,344 + 196,608 = 1,373,952) is then the peak
+    # the update is the peak: the rollout holds no gradients (1,080,000 + 57,344 + 196,608 = 1,333,952)
     plan = plan_memory(M, S, in_use=IN_USE, budget=1_400_000, auto_tokens=64)
     assert (plan.micro_batch_tokens, plan.gradient_checkpointing, plan.logprob_chunk_size) == (32, True, 83_886)
-    assert dict(plan.phases)["update"] == 1_346_816 and plan.estimate_bytes == 1_373_952
+    assert dict(plan.phases)["update"] == 1_346_816 and plan.estimate_bytes == 1_346_816
+    assert dict(plan.phases)["rollout"] == 1_333_952
 
 
 def test_a_smaller_head_chunk_is_tried_before_checkpointing():
@@ -73,9 +75,9 @@ def test_a_smaller_head_chunk_is_tried_before_checkpointing():
 
 def test_nothing_fits_is_one_line_naming_the_key_and_the_estimate():
     # leanest: checkpointing, chunk 20: update 1,120,000 + 188,416 + 24,000 = 1,332,416 B, but the rollout needs
-    # 1,373,952 B = 0.00128 GiB
+    # 1,333,952 B = 0.00124 GiB
     with pytest.raises(MemoryBudgetError, match=r"train\.memory_budget_gib=0\.00121 is too small.*"
-                                                r"gradient_checkpointing=true, logprob_chunk_size=20.*0\.00128 GiB") as e:
+                                                r"gradient_checkpointing=true, logprob_chunk_size=20.*0\.00124 GiB") as e:
         plan_memory(M, S, in_use=IN_USE, budget=1_300_000, auto_tokens=64)
     assert "\n" not in str(e.value)
 
