@@ -98,6 +98,29 @@ def params_of(model_dir: Path) -> int:
     return count_params(model_dir)
 
 
+#: Run in each child first: a thread that ends the process (exit status 3) when its RSS passes CAP_MB, so a side
+#: whose peak would not fit this machine is reported as such instead of waking the out-of-memory killer.
+GUARD = r"""
+import os as _os, threading as _threading, time as _time
+def _guard(cap_mb):
+    while True:
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        if rss > cap_mb:
+            _os.write(2, f"peak RSS passed the grid's cap of {cap_mb:.0f} MiB (85 % of this machine's memory)\n".encode())
+            _os._exit(3)
+        _time.sleep(0.05)
+_threading.Thread(target=_guard, args=(CAP_MB,), daemon=True).start()
+"""
+
+
+def memory_cap_mb() -> float:
+    """85 % of this machine's memory (MemTotal), in MiB."""
+    with open("/proc/meminfo") as f:
+        total_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal"))
+    return 0.85 * total_kb / 1024
+
+
 def run(side: str, spec: dict) -> dict:
     """One run in a fresh process (ours: also the rollout-vs-generate timing)."""
     from bench.trl_compare import OURS_TRAIN, TRL, TRL_PYTHON
@@ -106,8 +129,12 @@ def run(side: str, spec: dict) -> dict:
     threads = spec["threads"] or (os.cpu_count() or 1)         # torch's default: one per core
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
     child = {**spec, "threads": threads}
-    proc = subprocess.run([python, "-c", TRL if side == "trl" else OURS_TRAIN + OURS_TAIL, json.dumps(child)], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
+    code = GUARD.replace("CAP_MB", f"{memory_cap_mb():.0f}") + (TRL if side == "trl" else OURS_TRAIN + OURS_TAIL)
+    proc = subprocess.run([python, "-c", code, json.dumps(child)], capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0 and side == "trl":          # TRL's own limit (e.g. its peak beyond this machine's memory)
+        reason = ("killed by signal 9 (the kernel's out-of-memory killer)" if proc.returncode == -9 else
+                  (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1][:300])
+        return {"failed": reason}
     if proc.returncode != 0:
         raise SystemExit(f"bench/grid.py: the {side} run of {spec['name']} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -131,10 +158,20 @@ def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool) -> di
                     "lr": 1e-6, "out": str(tmp / f"{name}-{side}-{r}"), "root": str(ROOT)}
             t0 = time.perf_counter()
             out = run(side, spec)
-            print(f"  {name} {side} round {r}: step_s {[round(s, 2) for s in out['step_s']]}, "
-                  f"peak {out['peak_rss_mb']:.0f} MiB ({time.perf_counter() - t0:.0f} s)", flush=True)
+            if "failed" in out:
+                print(f"  {name} {side} round {r}: failed: {out['failed']} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            else:
+                print(f"  {name} {side} round {r}: step_s {[round(s, 2) for s in out['step_s']]}, "
+                      f"peak {out['peak_rss_mb']:.0f} MiB ({time.perf_counter() - t0:.0f} s)", flush=True)
             runs[side].append(out)
     row = {"point": name, **p, "params": params_of(model), "steps": steps, "rounds": rounds}
+    failed = [o["failed"] for o in runs.get("trl", []) if "failed" in o]
+    if failed:                                          # a TRL run that could not finish: recorded, no ratios
+        row["trl_failed"] = failed[0]
+        runs["trl"] = [o for o in runs["trl"] if "failed" not in o]
+        if not runs["trl"]:
+            del runs["trl"]
+            with_trl = False
     for side, outs in runs.items():
         row[f"{side}_step_s"] = median([median(o["step_s"][1:] or o["step_s"]) for o in outs])
         row[f"{side}_peak_mb"] = median([o["peak_rss_mb"] for o in outs])
@@ -155,6 +192,11 @@ def markdown(rows: list[dict]) -> str:
              "TRL MiB | ratio | rollout / generate |", "|" + " --- |" * 13]
     for r in rows:
         trl = "trl_step_s" in r
+        if "trl_failed" in r and not trl:
+            lines.append(f"| {r['point']} | {r['params'] / 1e6:.1f}M | {r['G']} | {r['prompts']} | {r['new_tokens']} | "
+                         f"{r['threads'] or 'default'} | {r['ours_step_s']:.2f} | failed | - | {r['ours_peak_mb']:.0f} | "
+                         f"failed | - | {r['rollout_vs_generate']:.2f} |")
+            continue
         lines.append(
             f"| {r['point']} | {r['params'] / 1e6:.1f}M | {r['G']} | {r['prompts']} | {r['new_tokens']} | "
             f"{r['threads'] or 'default'} | {r['ours_step_s']:.2f} | {r['trl_step_s']:.2f} | {r['step_ratio']:.2f} | "
@@ -188,12 +230,13 @@ def plot(rows: list[dict], path: Path) -> None:
         data = series(rows, factor, names)
         if not data:
             continue
-        x = [r[factor] for r in data]
         for row, (key, ylabel) in enumerate((("step_s", "seconds per step"), ("peak_mb", "peak RSS (MiB)"))):
             ax = axes[row][col]
             for side, style in (("ours", "o-"), ("trl", "s--")):
-                if all(f"{side}_{key}" in r for r in data):
-                    ax.plot(x, [r[f"{side}_{key}"] for r in data], style, label="grpo" if side == "ours" else "TRL")
+                have = [r for r in data if f"{side}_{key}" in r]         # a TRL run that failed has no point
+                if have:
+                    ax.plot([r[factor] for r in have], [r[f"{side}_{key}"] for r in have], style,
+                            label="grpo" if side == "ours" else "TRL")
             ax.set_xscale("log")
             if key == "step_s":
                 ax.set_yscale("log")
