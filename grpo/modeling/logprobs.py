@@ -5,7 +5,9 @@ wrappers included): the backbone runs to hidden states, then only the *real* com
 (attention mask 1) go through the LM head, ``chunk_size`` tokens at a time. Each chunk's float32
 logits live only while that chunk's log-softmax is taken; with autograd, each chunk is wrapped in
 activation checkpointing, so the backward pass recomputes that chunk's logits instead of storing
-them. No ``[N, T, V]`` tensor is ever materialised, in the model dtype or in float32.
+them. No ``[N, T, V]`` tensor is ever materialised, in the model dtype or in float32. A plain float32 /
+float64 ``nn.Linear`` head outside autocast runs all its chunks through one reused buffer instead, in one
+autograd node with the same recompute (:mod:`grpo.modeling.fused_head`).
 
 Padding costs nothing either: each micro-batch is trimmed to its longest row (leading columns that
 are padding in every row, trailing completion columns that are padding in every row) before the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpo.modeling import fused_head
 from grpo.modeling.precision import cast_frozen_linears
 from grpo.modeling.decoder import positions_from_mask
 from grpo.modeling.shared_prompt import completion_hidden
@@ -184,6 +187,8 @@ def chunked_head(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tens
     Shape:
         hidden: [M, H], tokens: [M]  ->  logp [M], entropy [M] (float32)
     """
+    if fused_head.applies(head, hidden):                                    # one buffer for every chunk's logits
+        return fused_head.head_logprobs(head, hidden, tokens, temperature, with_entropy, chunk_size)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     logps, ents = [], []
     for s in range(0, hidden.shape[0], chunk_size):

@@ -1,0 +1,135 @@
+"""The one-buffer LM head (grpo.modeling.fused_head) against a float64 log-softmax of the full logits: log-probs,
+entropies and every gradient (hidden states, weight, bias), with temperature, entropy gradients, chunks that do
+not divide the tokens, in-place weight gradients and tied weights; and where it applies."""
+
+import pytest
+import torch
+
+from grpo.modeling import fused_head
+from grpo.modeling.grad_in_place import GradIntoLinear
+from grpo.modeling.logprobs import chunked_head
+
+
+def reference(hidden, weight, bias, tokens, tau):
+    """The formula on float64 full logits: logp_y = z_y - lse(z), H = -sum p log p, z = (h W^T + b) / tau."""
+    z = hidden @ weight.t() + (bias if bias is not None else 0)
+    if tau > 0 and tau != 1.0:
+        z = z / tau
+    logp = torch.log_softmax(z, dim=-1)
+    return logp.gather(1, tokens[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+
+def leaves(M=37, H=8, V=29, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(M, H, generator=g, dtype=torch.float64)
+    w = torch.randn(V, H, generator=g, dtype=torch.float64)
+    b = torch.randn(V, generator=g, dtype=torch.float64) if bias else None
+    tokens = torch.randint(0, V, (M,), generator=g)
+    g_logp, g_ent = torch.randn(M, generator=g, dtype=torch.float64), torch.randn(M, generator=g, dtype=torch.float64)
+    return h, w, b, tokens, g_logp, g_ent
+
+
+@pytest.mark.parametrize("tau,bias,entropy_grad,chunk", [(1.0, True, True, 5), (0.7, False, True, 37),
+                                                         (1.3, True, False, 8), (1.0, False, False, 64)])
+def test_values_and_gradients_equal_the_float64_formula(tau, bias, entropy_grad, chunk):
+    h, w, b, tokens, g_logp, g_ent = leaves(bias=bias)
+    head = torch.nn.Linear(8, 29, bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.copy_(w)
+        if bias:
+            head.bias.copy_(b)
+    x = h.clone().requires_grad_(True)
+    logp, ent = fused_head.head_logprobs(head, x, tokens, tau, True, chunk)
+    (logp * g_logp + (ent * g_ent if entropy_grad else 0)).sum().backward()
+
+    x64, w64 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    b64 = b.clone().requires_grad_(True) if bias else None
+    want_logp, want_ent = reference(x64, w64, b64, tokens, tau)
+    (want_logp * g_logp + (want_ent * g_ent if entropy_grad else 0)).sum().backward()
+    torch.testing.assert_close(logp, want_logp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent, want_ent, rtol=0, atol=1e-12)
+    torch.testing.assert_close(x.grad, x64.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(head.weight.grad, w64.grad, rtol=0, atol=1e-12)
+    if bias:
+        torch.testing.assert_close(head.bias.grad, b64.grad, rtol=0, atol=1e-12)
+    assert x.grad.abs().max() > 0.1 and head.weight.grad.abs().max() > 0.1
+
+
+def test_in_place_weight_gradients_accumulate_into_grad_over_two_passes():
+    """A GradIntoLinear head: dW is added into .grad (autograd gets None), twice = the float64 sum of both."""
+    h, w, b, tokens, g_logp, _ = leaves(bias=True)
+    head = GradIntoLinear(8, 29, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.copy_(w)
+        head.bias.copy_(b)
+    for half in (slice(0, 20), slice(20, 37)):
+        logp, _ = fused_head.head_logprobs(head, h[half].clone().requires_grad_(True), tokens[half], 0.9, False, 6)
+        (logp * g_logp[half]).sum().backward()
+    w64, b64 = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    want, _ = reference(h, w64, b64, tokens, 0.9)
+    (want * g_logp).sum().backward()
+    torch.testing.assert_close(head.weight.grad, w64.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(head.bias.grad, b64.grad, rtol=0, atol=1e-12)
+
+
+def test_tied_head_and_embedding_sum_both_gradients():
+    """A head that shares its weight with the embedding: the weight's gradient is the sum of both uses."""
+    g = torch.Generator().manual_seed(3)
+    emb = torch.nn.Embedding(29, 8, dtype=torch.float64)
+    head = torch.nn.Linear(8, 29, bias=False, dtype=torch.float64)
+    head.weight = emb.weight
+    ids, tokens = torch.randint(0, 29, (11,), generator=g), torch.randint(0, 29, (11,), generator=g)
+    logp, _ = fused_head.head_logprobs(head, torch.tanh(emb(ids)), tokens, 1.0, False, 4)
+    logp.sum().backward()
+    got = emb.weight.grad.clone()
+    emb.weight.grad = None
+    want, _ = reference(torch.tanh(emb(ids)), emb.weight, None, tokens, 1.0)
+    want.sum().backward()
+    torch.testing.assert_close(got, emb.weight.grad, rtol=0, atol=1e-12)
+
+
+def test_chunked_head_takes_the_fused_path_and_agrees_with_the_checkpointed_chunks(monkeypatch):
+    """grpo.modeling.logprobs.chunked_head: the same values and gradients through the fused head as through the
+    checkpointed per-chunk path (float32, the trainer's dtype), with and without autograd."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False)
+    h = torch.randn(50, 16)
+    tokens = torch.randint(0, 300, (50,))
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(fused_head, "applies", lambda *a, _f=fused: _f)
+        head.zero_grad(set_to_none=True)
+        x = h.clone().requires_grad_(True)
+        logp, ent = chunked_head(head, x, tokens, 0.8, True, 16)
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        with torch.no_grad():
+            nograd = chunked_head(head, h, tokens, 0.8, True, 16)
+        runs.append((logp.detach(), ent.detach(), x.grad, head.weight.grad, *nograd))
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_where_it_applies():
+    h = torch.randn(4, 8)
+    assert fused_head.applies(torch.nn.Linear(8, 10), h)
+    assert fused_head.applies(GradIntoLinear(8, 10), h)
+    assert not fused_head.applies(torch.nn.Linear(8, 10).double(), h)            # dtype differs from the hidden states
+    assert not fused_head.applies(torch.nn.Linear(8, 10).bfloat16(), h.bfloat16())
+    hooked = torch.nn.Linear(8, 10)
+    hooked.register_forward_hook(lambda *a: None)
+    assert not fused_head.applies(hooked, h)                                      # a hook must see the call
+
+    class Wrapped(torch.nn.Linear):                                               # a subclass (LoRA, oneDNN) keeps
+        pass                                                                      # its own forward
+    assert not fused_head.applies(Wrapped(8, 10), h)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fused_head.applies(torch.nn.Linear(8, 10), h)
+
+
+def test_no_tokens_gives_empty_outputs_that_keep_the_graph():
+    head = torch.nn.Linear(8, 10)
+    x = torch.randn(0, 8, requires_grad=True)
+    logp, ent = fused_head.head_logprobs(head, x, torch.zeros(0, dtype=torch.long), 1.0, True, 256)
+    assert logp.shape == ent.shape == (0,) and logp.requires_grad
+    logp.sum().backward()
+    assert x.grad.shape == (0, 8) and torch.equal(head.weight.grad, torch.zeros(10, 8))
