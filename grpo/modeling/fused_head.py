@@ -54,6 +54,13 @@ def _logits_into(buf: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias:
     return buf
 
 
+def _workspace(hidden: torch.Tensor, V: int, chunk: int, with_probs: bool):
+    """Rows per chunk k, the [k, V] logits buffer and (`with_probs`) a second one for probabilities, on the
+    hidden states' device and dtype."""
+    k = max(1, min(chunk, hidden.shape[0]))
+    return k, hidden.new_empty(k, V), hidden.new_empty(k, V) if with_probs else None
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """(hidden [M, H], weight [V, H], bias [V] | None, tokens [M]) -> logp_y [M], entropy H [M] (zeros if not
     asked); see the module docstring for the gradients. The parameters are kept on ctx (as GradIntoLinear's)."""
@@ -81,9 +88,7 @@ class _HeadLogprobs(torch.autograd.Function):
         dh = torch.empty_like(hidden) if need_h else None
         dw = torch.zeros_like(weight) if need_w and not into else None
         db = torch.zeros_like(bias) if need_b and not into else None
-        k = max(1, min(ctx.chunk, M))
-        buf = hidden.new_empty(k, V)
-        probs = hidden.new_empty(k, V) if g_entropy is not None else None
+        k, buf, probs = _workspace(hidden, V, ctx.chunk, g_entropy is not None)
         for s in range(0, M, k):
             e = min(s + k, M)
             h, gy = hidden[s:e], g_logp[s:e, None]                            # [n, H], [n, 1]
@@ -98,25 +103,17 @@ class _HeadLogprobs(torch.autograd.Function):
                 dz.div_(tau)                                                   # dL/dlogits
             if need_h:
                 torch.mm(dz, weight, out=dh[s:e])                              # [n, H] = dL/dlogits W
-            if need_w:
-                if into:
-                    accumulate_grad(weight, dz.t(), h)                         # .grad [V, H] += dL/dlogits^T h
-                else:
-                    dw.addmm_(dz.t(), h)
+            if need_w:                                                         # [V, H] += dL/dlogits^T h
+                accumulate_grad(weight, dz.t(), h) if into else dw.addmm_(dz.t(), h)
             if need_b:
-                if into:
-                    accumulate_grad(bias, dz.sum(dim=0))
-                else:
-                    db.add_(dz.sum(dim=0))
+                accumulate_grad(bias, dz.sum(dim=0)) if into else db.add_(dz.sum(dim=0))
         return dh, dw, db, None, None, None, None, None
 
 
 def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk):
     """logp_y [M], entropy [M] (zeros if not asked), lse [M] of every row, `chunk` rows at a time in one buffer."""
     M, V = hidden.shape[0], weight.shape[0]
-    k = max(1, min(chunk, M))
-    buf = hidden.new_empty(k, V)
-    probs = hidden.new_empty(k, V) if with_entropy else None
+    k, buf, probs = _workspace(hidden, V, chunk, with_entropy)
     logp, lse, entropy = hidden.new_empty(M), hidden.new_empty(M), hidden.new_zeros(M)
     with torch.no_grad():
         for s in range(0, M, k):

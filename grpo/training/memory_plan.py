@@ -118,11 +118,6 @@ def default_chunk(vocab: int) -> int:
     return max(MIN_CHUNK, CHUNK_LOGITS // max(vocab, 1))
 
 
-def optimizer_bytes(m: ModelShape) -> int:
-    """Gradients (the weights' dtype) and AdamW's two float32 moments of the trainable parameters."""
-    return gradient_bytes(m) + moment_bytes(m)
-
-
 def gradient_bytes(m: ModelShape) -> int:
     """The trainable parameters' gradients (the weights' dtype): alive only in the update (the loop frees them
     after each optimizer step)."""

@@ -267,7 +267,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     import grpo.training.experience as experience
     import grpo.training.loop as trainer_module
 
-    seen = {"sample": [], "after_update": [], "in_update": []}
+    seen = {"sample": [], "in_update": []}
     real_sample, real_update = experience.sample, trainer_module.policy_update
 
     def sample(model, *a, **k):

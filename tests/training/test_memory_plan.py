@@ -14,7 +14,7 @@ import transformers
 from grpo.config import AlgorithmConfig, build_config
 from grpo.modeling import cpu_kernels
 from grpo.training.memory_plan import (MemoryBudgetError, ModelShape, StepShape, default_chunk, fused_weight_bytes,
-                                       gradient_bytes, head_bytes, kv_cache_bytes, moment_bytes, optimizer_bytes,
+                                       gradient_bytes, head_bytes, kv_cache_bytes, moment_bytes,
                                        phase_bytes, plan_memory, stored_values_per_token)
 from grpo.training.runtime import CpuRuntime, model_shape, step_shape
 from grpo.training.update import build_optimizer, policy_update
@@ -28,7 +28,7 @@ IN_USE = 1_000_000
 
 
 def test_the_pieces_by_hand():
-    assert optimizer_bytes(M) == 10_000 * (4 + 4 + 4)                       # gradient + AdamW's two moments
+    assert gradient_bytes(M) + moment_bytes(M) == 10_000 * (4 + 4 + 4)      # gradient + AdamW's two moments
     assert gradient_bytes(M) == 40_000 and moment_bytes(M) == 80_000         # only the update holds gradients
     assert kv_cache_bytes(M, S) == 2 * 2 * 2 * 16 * 4 * (2 * 8 + 4 * 24)     # = 57,344: prompts once, rows each
     assert fused_weight_bytes(M) == 2 * 64 * (64 + 2 * 2 * 16 + 2 * 128) * 4   # = 196,608: q/k/v, gate/up copies
