@@ -8,14 +8,15 @@ The runtime (grpo/training/runtime.py) measures what is in use and chooses the d
 A step's peak is the largest of three phases, each linear in the tokens it holds (nothing in them grows
 with the square of the length: attention runs in torch's fused kernels, the LM head in chunks):
 
-    rollout    in_use + moments + KV cache (2 L kv d values per token: B P + N T tokens) + its weight copies
-    reference  in_use + moments + M tokens x no-grad activations (one layer at a time) + LM-head chunk
-    update     in_use + moments + gradients + M tokens x stored activations + LM-head chunk
+    rollout    in_use + slack + moments + KV cache (2 L kv d values per token: B P + N T tokens) + its weight copies
+    reference  in_use + slack + moments + M tokens x no-grad activations (one layer at a time) + LM-head chunk
+    update     in_use + slack + moments + gradients + M tokens x stored activations + LM-head chunk
 
 with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row),
 "moments" AdamW's two float32 moments (allocated at the first step, so counted even when not yet in use) and
 "gradients" the trainable parameters' gradients, which live only in the update: the loop frees them after each
-optimizer step (grpo.training.loop.update). Stored activations per token, in values of the compute dtype (measured on Qwen2 shapes, see
+optimizer step (grpo.training.loop.update); "slack" what the process gains after its first step beyond
+those terms (:func:`runtime_allowance`, measured). Stored activations per token, in values of the compute dtype (measured on Qwen2 shapes, see
 :data:`LAYER_VALUES`): without checkpointing every layer's a H + b I; with checkpointing each layer's input
 H plus one layer's a H + b I (recomputed in the backward pass).
 
@@ -49,6 +50,14 @@ NO_GRAD_VALUES = (8.0, 4.0)
 EXTRA_VALUES_PER_HIDDEN = 4.0
 #: float32 copies per logit of one LM-head chunk alive at once (logits, log-softmax, its exp or gradient).
 HEAD_COPIES = 3
+#: The allowance for what a process holds after its first step beyond every term above: freed activations kept
+#: by glibc's heap (tensors under `train.mmap_threshold_mb` come from its arenas, which fragment), small
+#: allocations and library workspaces. Measured on CPU (2026-11-25, bench/grid.py shapes, full fine-tuning,
+#: default micro-batches; peak RSS per phase against the estimate without it): 7-110 MiB at 2.2M-38.6M
+#: parameters, 82-157 MiB at 100.7M, 503 MiB at 299.5M (update phase). RUNTIME_BYTES + RUNTIME_BYTES_PER_PARAM
+#: x trainable parameters covers each (45-243 MiB to spare in the update).
+RUNTIME_BYTES = 128 * 2 ** 20
+RUNTIME_BYTES_PER_PARAM = 2
 #: The smallest LM-head chunk the planner tries (tokens).
 MIN_CHUNK = 16
 #: Default tokens per LM-head chunk: about 2**23 float32 logits (32 MiB), as grpo.modeling.logprobs.
@@ -74,6 +83,7 @@ class ModelShape:
     act_bytes: int = 4             # bytes per activation value (2 under bf16 / fp16 autocast)
     lean_layers: bool = False      # the MLPs save fewer activations (grpo.modeling.lean_layers; float32 only)
     packed_rollout: bool = False   # the rollout packs every projection and the head (CPU float32, oneDNN)
+    slack_bytes: int = 0           # runtime_allowance(trainable_params), set by grpo.training.runtime.model_shape
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,11 @@ def gradient_bytes(m: ModelShape) -> int:
     return m.trainable_params * m.param_bytes
 
 
+def runtime_allowance(trainable_params: int) -> int:
+    """Bytes a process gains after its first step beyond the planner's terms (see :data:`RUNTIME_BYTES`)."""
+    return RUNTIME_BYTES + RUNTIME_BYTES_PER_PARAM * trainable_params
+
+
 def moment_bytes(m: ModelShape) -> int:
     """AdamW's two float32 moments of the trainable parameters: alive from the first step on."""
     return m.trainable_params * 8
@@ -170,7 +185,7 @@ def fused_weight_bytes(m: ModelShape) -> int:
 def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpointing: bool,
                 chunk: int) -> dict[str, int]:
     """Estimated peak of each phase of a step (bytes) for a token budget, checkpointing and LM-head chunk."""
-    base = in_use + moment_bytes(m)
+    base = in_use + m.slack_bytes + moment_bytes(m)
     M = micro_batch_padded_tokens(s, tokens)
     no_grad = (NO_GRAD_VALUES[0] * m.hidden + NO_GRAD_VALUES[1] * m.intermediate) * m.act_bytes
     head = head_bytes(m, chunk, M)

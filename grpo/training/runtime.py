@@ -233,7 +233,7 @@ def model_shape(model: torch.nn.Module, act_bytes: int):
     """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters."""
     from grpo.modeling.cpu_kernels import can_prepack
     from grpo.modeling.lean_layers import lean_mlps
-    from grpo.training.memory_plan import ModelShape
+    from grpo.training.memory_plan import ModelShape, runtime_allowance
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     c = getattr(inner, "config", None)
@@ -241,12 +241,13 @@ def model_shape(model: torch.nn.Module, act_bytes: int):
     hidden = int(getattr(c, "hidden_size", 0) or 0)
     heads = int(getattr(c, "num_attention_heads", 1) or 1)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
     return ModelShape(hidden=hidden, intermediate=int(getattr(c, "intermediate_size", 0) or 4 * hidden),
                       layers=int(getattr(c, "num_hidden_layers", 0) or 0),
                       kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
                       head_dim=int(getattr(c, "head_dim", None) or hidden // heads),
                       vocab=int(getattr(c, "vocab_size", 0) or 0),
-                      trainable_params=sum(p.numel() for p in trainable),
+                      trainable_params=n_trainable, slack_bytes=runtime_allowance(n_trainable),
                       param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes,
                       lean_layers=act_bytes == 4 and lean_mlps(model) > 0,
                       packed_rollout=act_bytes == 4 and bool(trainable) and can_prepack(trainable[0].device,

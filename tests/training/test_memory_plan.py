@@ -15,7 +15,7 @@ from grpo.config import AlgorithmConfig, build_config
 from grpo.modeling import cpu_kernels
 from grpo.training.memory_plan import (MemoryBudgetError, ModelShape, StepShape, default_chunk, fused_weight_bytes,
                                        gradient_bytes, head_bytes, kv_cache_bytes, moment_bytes,
-                                       phase_bytes, plan_memory, stored_values_per_token)
+                                       phase_bytes, plan_memory, runtime_allowance, stored_values_per_token)
 from grpo.training.runtime import CpuRuntime, model_shape, step_shape
 from grpo.training.update import build_optimizer, policy_update
 from grpo.types import TrainBatch
@@ -42,6 +42,23 @@ def test_the_pieces_by_hand():
     assert default_chunk(100) == 2 ** 23 // 100 == 83_886
     assert head_bytes(M, 83_886, 32) == 3 * 4 * 32 * 100                     # capped at the micro-batch's tokens
     assert head_bytes(M, 16, 32) == 3 * 4 * 16 * 100
+
+
+def test_the_runtime_allowance_adds_to_every_phase():
+    # 128 MiB + 2 B per trainable parameter (measured slack, memory_plan.RUNTIME_BYTES)
+    assert runtime_allowance(0) == 128 * 2 ** 20 and runtime_allowance(10_000) == 134_217_728 + 20_000
+    slack = dataclasses.replace(M, slack_bytes=runtime_allowance(10_000))
+    plain, more = phase_bytes(M, S, IN_USE, 64, False, 64), phase_bytes(slack, S, IN_USE, 64, False, 64)
+    assert {k: more[k] - plain[k] for k in plain} == dict.fromkeys(plain, 134_237_728)
+
+
+def test_model_shape_sets_the_allowance_from_trainable_parameters():
+    model = tiny_qwen2().float()
+    n = sum(p.numel() for p in model.parameters())
+    assert model_shape(model, 4).slack_bytes == 128 * 2 ** 20 + 2 * n
+    model.model.embed_tokens.weight.requires_grad_(False)                 # frozen weights hold no optimizer state
+    frozen = model.model.embed_tokens.weight.numel()
+    assert model_shape(model, 4).slack_bytes == 128 * 2 ** 20 + 2 * (n - frozen)
 
 
 def test_roomy_budget_keeps_the_speed_heuristic_and_no_checkpointing():
