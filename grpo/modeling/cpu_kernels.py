@@ -273,8 +273,9 @@ def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto", grad_in_place: bo
     return switched
 
 
-def set_mmap_threshold(megabytes: int) -> bool:
-    """glibc only: serve host allocations of >= `megabytes` MiB by mmap (`train.mmap_threshold_mb`).
+def set_mmap_threshold(megabytes: float) -> bool:
+    """glibc only: serve host allocations of >= `megabytes` MiB by mmap (`train.mmap_threshold_mb`; fractions
+    allowed, 0.25 = 256 KiB).
 
     glibc raises its mmap threshold to 32 MiB after the first large free, so later activation
     tensors come from the heap and freed ones stay resident (fragmentation): the peak RSS of a 100M
@@ -289,6 +290,6 @@ def set_mmap_threshold(megabytes: int) -> bool:
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, int(megabytes) << 20))               # M_MMAP_THRESHOLD = -3
+        return bool(libc.mallopt(-3, int(megabytes * 2 ** 20)))           # M_MMAP_THRESHOLD = -3
     except (OSError, AttributeError):
         return False
