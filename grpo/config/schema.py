@@ -257,7 +257,7 @@ class TrainConfig:
     mmap_threshold_mb: float = _f(1.0, "glibc: host allocations >= this many MiB come from mmap, so freed activations "
                                   "return to the OS at once instead of fragmenting the heap (lower peak RSS on CPU; "
                                   "grpo/modeling/cpu_kernels.py). Fractions allowed: 0.25 (256 KiB) lowers the peak "
-                                  "of models >= 512 wide further at no measured cost, but slows small models. "
+                                  "by another 4-8 %; steps were 10-40 % slower except at 100M (docs/performance.md). "
                                   "0 = leave the allocator alone.")
     micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
