@@ -38,23 +38,18 @@ CONFIGS: dict[str, dict] = {
 CHILD = """
 import json, sys, torch
 import grpo
-from grpo.cli.demo import DEMO_CONFIG
+from grpo.cli.demo import demo_settings
 from grpo.config import build_config
-from grpo.data.tasks.arithmetic import DEFAULT_REWARDS, generate, problem_of, worked_completion
+from grpo.data.tasks.arithmetic import DEFAULT_REWARDS, generate, with_solutions
 from grpo.modeling.models import EMBEDDED_MODEL_DIR, load_policy
 
 out, steps, extra = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 torch.manual_seed(0)
 model, tok = load_policy(str(EMBEDDED_MODEL_DIR))
-base = {k: dict(v) for k, v in DEMO_CONFIG.items()}
-if extra.get("algorithm.preset"):            # as `grpo demo --algorithm.preset`: the preset replaces the demo's algorithm
-    base.pop("algorithm")
-rows = generate("train", 20000, seed=0)
-for r in rows:
-    r["solution"] = worked_completion(problem_of(r["prompt"]))
+rows = with_solutions(generate("train", 20000, seed=0))
 flat = {"train.output_dir": out, "train.max_steps": steps, "train.save_final": False, "log.progress_bar": False,
         "train.seed": 0, "health.enabled": False, **extra}
-grpo.Trainer(model, reward_funcs=list(DEFAULT_REWARDS), config=build_config(base, flat), train_dataset=rows,
+grpo.Trainer(model, reward_funcs=list(DEFAULT_REWARDS), config=build_config(demo_settings(extra), flat), train_dataset=rows,
              tokenizer=tok).train()
 """
 

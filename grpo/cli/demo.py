@@ -25,6 +25,15 @@ DEMO_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
+def demo_settings(overrides: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """DEMO_CONFIG's sections (copies) under `overrides`: a preset (``algorithm.preset``) replaces the demo's
+    algorithm settings, as `grpo demo --algorithm.preset NAME` does (explicit keys still win)."""
+    base = {k: dict(v) for k, v in DEMO_CONFIG.items()}
+    if (overrides or {}).get("algorithm.preset"):
+        base.pop("algorithm")
+    return base
+
+
 def _table(before: dict[str, float], after: dict[str, float]) -> str:
     lines = [f"{'held-out metric':22s} {'before':>8s} {'after':>8s} {'change':>8s}"]
     for key in before:
@@ -48,10 +57,7 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)  # a fresh run: the demo's metrics are this run's only
-    base = dict(DEMO_CONFIG)
-    if (overrides or {}).get("algorithm.preset"):  # a preset replaces the demo's algorithm settings (explicit keys still win)
-        base.pop("algorithm")
-    cfg = demo_config(base, out, seed, steps, overrides)
+    cfg = demo_config(demo_settings(overrides), out, seed, steps, overrides)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(seed)

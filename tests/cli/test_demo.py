@@ -61,3 +61,12 @@ def test_calculator_demo_learns_to_use_the_tool(tmp_path):
     assert s["after"]["tool_use"] > s["before"]["tool_use"], s
     assert s["after_no_tools"]["exact_match"] <= 0.05 and s["after"]["exact_match"] >= 0.6, s
     assert (tmp_path / "calc" / "report.html").is_file() and (tmp_path / "calc" / "curves.png").is_file()
+
+
+def test_demo_settings_drop_the_algorithm_section_only_for_a_preset():
+    from grpo.cli.demo import DEMO_CONFIG, demo_settings
+
+    assert demo_settings() == DEMO_CONFIG and demo_settings()["train"] is not DEMO_CONFIG["train"]
+    with_preset = demo_settings({"algorithm.preset": "dapo"})
+    assert "algorithm" not in with_preset and with_preset["rollout"] == DEMO_CONFIG["rollout"]
+    assert "algorithm" in DEMO_CONFIG                                         # the module's table is untouched

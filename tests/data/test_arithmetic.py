@@ -129,3 +129,13 @@ def test_is_worked():
     assert not A.is_worked("<think></think><answer>7</answer>")
     assert not A.is_worked("<think> </think><answer>7</answer>")
     assert not A.is_worked("garbage")
+
+
+def test_with_solutions_adds_the_worked_completion_and_keeps_the_rows():
+    from grpo.data.tasks.arithmetic import is_correct, with_solutions
+
+    rows = [{"prompt": "47+28-19=", "answer": "56"}]
+    out = with_solutions(rows)
+    assert out == [{"prompt": "47+28-19=", "answer": "56",
+                    "solution": "<think>47+28=75,75-19=56</think><answer>56</answer>"}]
+    assert "solution" not in rows[0] and is_correct(out[0]["solution"], "56")

@@ -136,6 +136,12 @@ def worked_completion(problem: str) -> str:
     return f"{THINK_OPEN}{work}{THINK_CLOSE}{ANSWER_OPEN}{solve(problem)}{ANSWER_CLOSE}"
 
 
+def with_solutions(rows: list[dict]) -> list[dict]:
+    """`rows` (from :func:`generate`) with a ``solution`` column: each prompt's :func:`worked_completion`, the
+    reference that EDGE-GRPO's guided error correction injects (``algorithm.solution_column``)."""
+    return [{**row, "solution": worked_completion(problem_of(row["prompt"]))} for row in rows]
+
+
 def direct_completion(problem: str) -> str:
     """Completion with empty reasoning: ``<think></think><answer>56</answer>``."""
     return f"{THINK_OPEN}{THINK_CLOSE}{ANSWER_OPEN}{solve(problem)}{ANSWER_CLOSE}"
