@@ -8,8 +8,10 @@
 Labels are long tensors [N, K]; label value `vocab[k]` (one past the field's last class) is the null
 label of classifier-free guidance (`null_cond`). Every linear layer is :class:`RowLinear`, a batched
 matmul per sample, so a sample's outputs do not depend on the batch it is computed in (CPU GEMMs of
-different row counts differ in the last bits): the log-probs stored at rollout and those recomputed in
-the update then agree exactly, whatever the micro-batch size.
+different row counts differ in the last bits), and every activation is :func:`padded_act` (elementwise
+kernels compute the tail of a tensor that fills no whole vector with scalar code, whose last bit can
+differ: seen with AVX-512): the log-probs stored at rollout and those recomputed in the update then agree
+exactly, whatever the micro-batch size.
 
 `save_pretrained(dir)` writes config.json + model.safetensors (what the checkpoints of grpo/state/
 expect); :func:`load_flow_model` reads them back.
@@ -39,6 +41,34 @@ class RowLinear(nn.Linear):
         return y.reshape(*lead, -1)
 
 
+#: Elements per block :func:`padded_act` pads to: a multiple of two vectors of every CPU ISA (AVX-512: 2 x 16).
+ACT_BLOCK = 64
+
+
+def padded_act(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn(x) for an elementwise `fn`, computed on `x` flattened and zero-padded to a multiple of :data:`ACT_BLOCK`
+    elements, so every element goes through the vectorised kernel, never the scalar tail loop; where an element
+    sits in the batch then cannot change its value.  Shape: any -> same"""
+    flat = x.reshape(-1)
+    pad = -flat.numel() % ACT_BLOCK
+    return fn(F.pad(flat, (0, pad)) if pad else flat)[:flat.numel()].view(x.shape)
+
+
+class PaddedAct(nn.Module):
+    """An activation module computed by :func:`padded_act` (no parameters: state dicts are unchanged)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return padded_act(self.fn, x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
 def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of t in [0, 1] (scaled by 1000 as in DiT).   Shape: [N] -> [N, dim]"""
     half = dim // 2
@@ -53,7 +83,7 @@ class Conditioning(nn.Module):
     def __init__(self, vocab: list[int], dim: int):
         super().__init__()
         self.vocab, self.dim = list(vocab), dim
-        self.t_mlp = nn.Sequential(RowLinear(dim, dim), nn.SiLU(), RowLinear(dim, dim))
+        self.t_mlp = nn.Sequential(RowLinear(dim, dim), PaddedAct(F.silu), RowLinear(dim, dim))
         self.labels = nn.ModuleList(nn.Embedding(v + 1, dim) for v in vocab)
 
     def forward(self, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -89,9 +119,9 @@ class MLPFlow(FlowModel):
         self.config = {"model_type": "grpo-flow-mlp", "vocab": list(vocab), "dim": dim, "depth": depth,
                        "data_dim": data_dim}
         self.cond = Conditioning(vocab, dim)
-        layers: list[nn.Module] = [RowLinear(data_dim + dim, dim), nn.SiLU()]
+        layers: list[nn.Module] = [RowLinear(data_dim + dim, dim), PaddedAct(F.silu)]
         for _ in range(depth - 1):
-            layers += [RowLinear(dim, dim), nn.SiLU()]
+            layers += [RowLinear(dim, dim), PaddedAct(F.silu)]
         self.net = nn.Sequential(*layers, RowLinear(dim, data_dim))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -107,14 +137,14 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.qkv, self.proj = RowLinear(dim, 3 * dim), RowLinear(dim, dim)
-        self.mlp = nn.Sequential(RowLinear(dim, 4 * dim), nn.GELU(approximate="tanh"), RowLinear(4 * dim, dim))
+        self.mlp = nn.Sequential(RowLinear(dim, 4 * dim), PaddedAct(_gelu_tanh), RowLinear(4 * dim, dim))
         self.ada = RowLinear(dim, 6 * dim)
         nn.init.zeros_(self.ada.weight)
         nn.init.zeros_(self.ada.bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         n, tokens, dim = x.shape
-        sh1, sc1, g1, sh2, sc2, g2 = self.ada(F.silu(c)).unsqueeze(1).chunk(6, dim=-1)   # [N, 1, dim] each
+        sh1, sc1, g1, sh2, sc2, g2 = self.ada(padded_act(F.silu, c)).unsqueeze(1).chunk(6, dim=-1)   # [N, 1, dim] each
         q, k, v = self.qkv(self.norm1(x) * (1 + sc1) + sh1).view(n, tokens, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, tokens, dim)
         x = x + g1 * self.proj(a)
@@ -158,7 +188,7 @@ class TinyDiT(FlowModel):
         h = self.embed(self.patchify(x)) + self.pos                            # [N, T, dim]
         for block in self.blocks:
             h = block(h, c)
-        shift, scale = self.ada(F.silu(c)).unsqueeze(1).chunk(2, dim=-1)
+        shift, scale = self.ada(padded_act(F.silu, c)).unsqueeze(1).chunk(2, dim=-1)
         return self.unpatchify(self.out(self.norm(h) * (1 + scale) + shift))
 
 

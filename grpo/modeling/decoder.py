@@ -125,7 +125,7 @@ class LeanDecoder:
         n_rows = batch * num_generations
         keys = cache.layers[0].keys
         lowp = active_dtype(prompt_mask.device)
-        pack = n_rows if can_prepack(keys.device, lowp or keys.dtype) else None  # CPU float32: oneDNN-packed copies
+        pack = n_rows if can_prepack(keys.device, lowp or keys.dtype) else None  # CPU float32 / bf16: oneDNN-packed
         bias = keys.new_zeros(batch, prompt_len).masked_fill_(prompt_mask == 0, float("-inf"))  # [B, P]
         return StaticCache(
             prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len) for layer in cache.layers],
@@ -140,7 +140,7 @@ class LeanDecoder:
             num_generations=num_generations,
             num_kv_heads=kv,
             fused=fuse_projections(self.model.model.layers, lowp, pack),
-            head=packed_head(self.model.lm_head, pack),
+            head=packed_head(self.model.lm_head, pack, lowp),
         )
 
     def step(self, cache: StaticCache, tokens: torch.Tensor) -> torch.Tensor:
@@ -251,7 +251,7 @@ class StaticCache:
     num_generations: int
     num_kv_heads: int
     fused: list[FusedLayer] | None = None  # this rollout's fused projections (small models)
-    head: torch.Tensor | None = None  # this rollout's oneDNN-packed LM head weight (CPU float32)
+    head: torch.Tensor | None = None  # this rollout's oneDNN-packed LM head weight (CPU float32 / bf16)
     length: int = 0  # generated tokens cached so far
     compacted: bool = False  # some rows have left
 

@@ -20,38 +20,93 @@ dL/dW = dL/dlogits^T h, dL/db = sum dL/dlogits. The weight gradient goes into ``
 (grpo.modeling.grad_in_place.accumulate_grad) when the head is a GradIntoLinear (`train.grad_in_place`),
 else to autograd, which accumulates it (and runs DDP's hooks) as for any layer.
 
-Used for a plain float32 / float64 ``nn.Linear`` head (or GradIntoLinear) without hooks, outside autocast;
-everything else (oneDNN-switched or LoRA-wrapped heads, sharded weights, bf16) keeps the checkpointed chunks.
+Used for a plain float32 / float64 ``nn.Linear`` head (or GradIntoLinear) without hooks, outside autocast; and
+on the CPU under bfloat16 autocast (`train.precision` bf16) for those and the oneDNN-switched DnnLinear, whose
+cast weight the update made once (grpo.modeling.precision.cast_trainable_linears). There the three products run
+in bfloat16 as autocast's would (logits rounded to bfloat16, then upcast into the float32 buffer; dL/dlogits
+rounded to bfloat16 for dL/dh and dL/dW) through a second, bfloat16 buffer, and the float32 work between them is
+the same in-place sequence. Everything else (LoRA-wrapped heads, sharded weights, float16) keeps the checkpointed
+chunks.
 """
 
 from __future__ import annotations
 
 import torch
 
+from grpo.modeling.cpu_kernels import DnnLinear
 from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad
+
+
+def lowp_dtype(hidden: torch.Tensor) -> torch.dtype | None:
+    """bfloat16 when the head's products run in it here (CPU autocast in bfloat16), else None."""
+    kind = hidden.device.type
+    on = kind == "cpu" and torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16
+    return torch.bfloat16 if on else None
 
 
 def applies(head: torch.nn.Module, hidden: torch.Tensor) -> bool:
     """This head can run through :func:`head_logprobs`: a plain (or in-place-gradient) linear layer, no hooks,
     weights of the hidden states' float32 / float64 dtype on their device, a plain tensor (not sharded), no
-    autocast."""
-    if type(head) not in (torch.nn.Linear, GradIntoLinear) or head._forward_hooks or head._forward_pre_hooks:
+    autocast; or, under CPU bfloat16 autocast, float32 hidden states and a plain, in-place or oneDNN linear head
+    with float32 or bfloat16 weights."""
+    if type(head) not in (torch.nn.Linear, GradIntoLinear, DnnLinear) or head._forward_hooks or head._forward_pre_hooks:
         return False
     w, b = head.weight, head.bias
-    return (type(w.data) is torch.Tensor and w.dtype == hidden.dtype and hidden.dtype in (torch.float32, torch.float64)
-            and w.device == hidden.device and (b is None or type(b.data) is torch.Tensor)
+    if type(w.data) is not torch.Tensor or w.device != hidden.device or (b is not None and type(b.data) is not torch.Tensor):
+        return False
+    if lowp_dtype(hidden) is not None:
+        return hidden.dtype == torch.float32 and w.dtype in (torch.float32, torch.bfloat16)
+    return (type(head) is not DnnLinear and w.dtype == hidden.dtype and hidden.dtype in (torch.float32, torch.float64)
             and not torch.is_autocast_enabled(hidden.device.type))
 
 
-def _logits_into(buf: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 temperature: float) -> torch.Tensor:
-    """z = (h W^T + b) / tau written into `buf` ([n, V], the first n rows of the workspace)."""
-    torch.mm(h, weight.t(), out=buf)
-    if bias is not None:
-        buf.add_(bias)
-    if temperature > 0 and temperature != 1.0:
-        buf.div_(temperature)
-    return buf
+class _Products:
+    """The head's three products, in the weight's dtype or (`lowp`) in bfloat16 through a reused bfloat16 buffer.
+
+    Shape: weight [V, H]; `low` a [k, V] buffer in `lowp` (None without it)
+    """
+
+    def __init__(self, head_weight: torch.Tensor, cast: torch.Tensor | None, bias: torch.Tensor | None,
+                 lowp: torch.dtype | None, k: int):
+        self.lowp = lowp
+        if lowp is None:
+            self.w, self.b, self.low = head_weight, bias, None
+        else:                                            # the update's one cast (DnnLinear.cast_weight), else one here
+            self.w = cast if cast is not None and cast.dtype == lowp else head_weight.detach().to(lowp)
+            self.b = bias.detach().to(lowp) if bias is not None else None
+            self.low = head_weight.new_empty(k, head_weight.shape[0], dtype=lowp)
+
+    def logits_into(self, buf: torch.Tensor, h: torch.Tensor, temperature: float) -> torch.Tensor:
+        """z = (h W^T + b) / tau written into `buf` ([n, V], the first n rows of the workspace)."""
+        if self.lowp is None:
+            torch.mm(h, self.w.t(), out=buf)
+        else:
+            low = torch.mm(h.to(self.lowp), self.w.t(), out=self.low[:buf.shape[0]])  # rounded as autocast's
+            if self.b is not None:
+                low.add_(self.b)
+            buf.copy_(low)
+        if self.lowp is None and self.b is not None:
+            buf.add_(self.b)
+        if temperature > 0 and temperature != 1.0:
+            buf.div_(temperature)
+        return buf
+
+    def operand(self, dz: torch.Tensor) -> torch.Tensor:
+        """dL/dlogits as the backward products read it: itself, or rounded into the bfloat16 buffer."""
+        return dz if self.lowp is None else self.low[:dz.shape[0]].copy_(dz)
+
+    def grad_hidden_into(self, out: torch.Tensor, dz: torch.Tensor) -> None:
+        """out = dL/dlogits W.  Shape: dz [n, V] (from :meth:`operand`) -> out [n, H]"""
+        if self.lowp is None:
+            torch.mm(dz, self.w, out=out)
+        else:
+            out.copy_(torch.mm(dz, self.w))
+
+    def grad_weight(self, dz: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(a, b) with dL/dW = a @ b, or (dL/dW, None) computed here in bfloat16.  Shape: [V, H]"""
+        if self.lowp is None:
+            return dz.t(), h
+        return torch.mm(dz.t(), h.to(self.lowp)), None
 
 
 def _workspace(hidden: torch.Tensor, V: int, chunk: int, with_probs: bool):
@@ -66,12 +121,12 @@ class _HeadLogprobs(torch.autograd.Function):
     asked); see the module docstring for the gradients. The parameters are kept on ctx (as GradIntoLinear's)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, with_entropy, chunk, into):
+    def forward(ctx, hidden, weight, bias, tokens, temperature, with_entropy, chunk, into, cast, lowp):
         ctx.set_materialize_grads(False)
-        logp, entropy, lse = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk)
+        logp, entropy, lse = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cast, lowp)
         ctx.save_for_backward(hidden, tokens, lse, entropy)
         ctx.weight, ctx.bias, ctx.temperature, ctx.chunk, ctx.into = weight, bias, temperature, chunk, into
-        ctx.with_entropy = with_entropy
+        ctx.with_entropy, ctx.cast, ctx.lowp = with_entropy, cast, lowp
         return logp, entropy
 
     @staticmethod
@@ -89,10 +144,11 @@ class _HeadLogprobs(torch.autograd.Function):
         dw = torch.zeros_like(weight) if need_w and not into else None
         db = torch.zeros_like(bias) if need_b and not into else None
         k, buf, probs = _workspace(hidden, V, ctx.chunk, g_entropy is not None)
+        products = _Products(weight, ctx.cast, bias, ctx.lowp, k)
         for s in range(0, M, k):
             e = min(s + k, M)
             h, gy = hidden[s:e], g_logp[s:e, None]                            # [n, H], [n, 1]
-            dz = _logits_into(buf[:e - s], h, weight, bias, tau).sub_(lse[s:e, None])      # log p  [n, V]
+            dz = products.logits_into(buf[:e - s], h, tau).sub_(lse[s:e, None])           # log p  [n, V]
             if g_entropy is None:
                 dz.exp_().mul_(-gy)                                            # -g_y p
             else:
@@ -101,24 +157,30 @@ class _HeadLogprobs(torch.autograd.Function):
             dz.scatter_add_(1, tokens[s:e, None], gy)                         # + g_y e_y
             if tau > 0 and tau != 1.0:
                 dz.div_(tau)                                                   # dL/dlogits
+            dzp = products.operand(dz) if need_h or need_w else dz             # bf16 products: rounded once
             if need_h:
-                torch.mm(dz, weight, out=dh[s:e])                              # [n, H] = dL/dlogits W
+                products.grad_hidden_into(dh[s:e], dzp)                        # [n, H] = dL/dlogits W
             if need_w:                                                         # [V, H] += dL/dlogits^T h
-                accumulate_grad(weight, dz.t(), h) if into else dw.addmm_(dz.t(), h)
+                a, b = products.grad_weight(dzp, h)
+                if into:
+                    accumulate_grad(weight, a, b)
+                else:
+                    dw.addmm_(a, b) if b is not None else dw.add_(a)
             if need_b:
                 accumulate_grad(bias, dz.sum(dim=0)) if into else db.add_(dz.sum(dim=0))
-        return dh, dw, db, None, None, None, None, None
+        return dh, dw, db, None, None, None, None, None, None, None
 
 
-def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk):
+def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cast=None, lowp=None):
     """logp_y [M], entropy [M] (zeros if not asked), lse [M] of every row, `chunk` rows at a time in one buffer."""
     M, V = hidden.shape[0], weight.shape[0]
     k, buf, probs = _workspace(hidden, V, chunk, with_entropy)
     logp, lse, entropy = hidden.new_empty(M), hidden.new_empty(M), hidden.new_zeros(M)
     with torch.no_grad():
+        products = _Products(weight, cast, bias, lowp, k)
         for s in range(0, M, k):
             e = min(s + k, M)
-            z = _logits_into(buf[:e - s], hidden[s:e], weight, bias, temperature)     # [n, V]
+            z = products.logits_into(buf[:e - s], hidden[s:e], temperature)          # [n, V]
             lse[s:e] = torch.logsumexp(z, dim=-1)
             logp[s:e] = z.gather(1, tokens[s:e, None]).squeeze(1) - lse[s:e]
             if with_entropy:
@@ -137,10 +199,12 @@ def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Ten
         hidden: [M, H], tokens: [M]  ->  logp [M], entropy [M] (zeros if not asked), in the hidden states' dtype
     """
     weight, bias = head.weight, head.bias
+    lowp, cast = lowp_dtype(hidden), getattr(head, "cast_weight", None)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad))
     if not grad:
-        logp, entropy, _ = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk_size)
+        logp, entropy, _ = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk_size, cast, lowp)
         return logp, entropy
-    into = type(head) is GradIntoLinear and weight.is_leaf and (bias is None or bias.is_leaf)
-    return _HeadLogprobs.apply(hidden, weight, bias, tokens, temperature, with_entropy, chunk_size, into)
+    into = ((type(head) is GradIntoLinear or (type(head) is DnnLinear and head.grad_into))
+            and weight.is_leaf and (bias is None or bias.is_leaf))
+    return _HeadLogprobs.apply(hidden, weight, bias, tokens, temperature, with_entropy, chunk_size, into, cast, lowp)

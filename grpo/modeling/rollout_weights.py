@@ -4,11 +4,12 @@ Two preparations, both copies made before the first decode step and freed with t
 
 - **fusion**: q/k/v and gate/up concatenated, one GEMM each instead of three and two. It saves per-call
   overhead, which matters for small matrices (embedded model: -0.4 ms of a 4 ms decode step).
-- **oneDNN packing** (CPU float32, :func:`grpo.modeling.cpu_kernels.prepack`): every projection and the LM
-  head in oneDNN's blocked layout for the rollout's row count, so no decode step re-lays the weights out.
-  Measured on qwen2-100m (2-core AMD EPYC, AVX2, bench/decode_pack.py): see docs/performance.md.
+- **oneDNN packing** (CPU float32, or bfloat16 under `train.precision` bf16 where oneDNN has native bf16
+  kernels; :func:`grpo.modeling.cpu_kernels.prepack`): every projection and the LM head in oneDNN's blocked
+  layout for the rollout's row count (cast to autocast's dtype first), so no decode step re-lays the weights
+  out. Measured on qwen2-100m (2-core AMD EPYC, bench/decode_pack.py, bench/precision.py): see docs/performance.md.
 
-Without packing (CUDA, autocast dtypes, no oneDNN), the fused copies are made only while they stay within
+Without packing (CUDA, fp16, emulated bf16, no oneDNN), the fused copies are made only while they stay within
 :data:`FUSE_MAX_BYTES`: for large matrices fusion would only cost memory.
 """
 
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from grpo.modeling.cpu_kernels import PLAIN_LINEARS, prepack
+
+#: Weight dtypes the rollout packs (from float32 master weights, cast to autocast's bfloat16 when it is on).
+PACKABLE = (torch.float32, torch.bfloat16)
 
 #: Without packing, fuse q/k/v and gate/up for a rollout only while the copies stay this small.
 FUSE_MAX_BYTES = 32 * 2 ** 20
@@ -57,14 +61,15 @@ def fuse_projections(layers, dtype: torch.dtype | None = None, pack_rows: int | 
     """Every layer's projection weights prepared for one rollout, or None when any projection is not a
     plain linear layer (LoRA, quantised, ...) or the MLP is not gate/up/down.
 
-    `pack_rows` (the rollout's rows, CPU float32 only): all weights oneDNN-packed for that many rows, whatever
-    their size. Otherwise the concatenated copies are made only within :data:`FUSE_MAX_BYTES` (else None), in
-    `dtype` when given (autocast's, under `train.precision` bf16 / fp16: cast once, not at every decode step).
+    `pack_rows` (the rollout's rows; the caller checks :func:`grpo.modeling.cpu_kernels.can_prepack`): all weights
+    oneDNN-packed for that many rows, whatever their size, in `dtype` when given (autocast's: cast, then packed).
+    Otherwise the concatenated copies are made only within :data:`FUSE_MAX_BYTES` (else None), in `dtype` when
+    given (autocast's, under `train.precision` bf16 / fp16: cast once, not at every decode step).
     """
     if not all(_plain_layer(layer) for layer in layers):
         return None
-    if pack_rows is not None and any(p.dtype != torch.float32 for layer in layers for p in layer.parameters()):
-        pack_rows = None  # packing is for float32 weights only
+    if pack_rows is not None and any(p.dtype not in PACKABLE for layer in layers for p in layer.parameters()):
+        pack_rows = None  # packing is for float32 / bfloat16 weights only
     if pack_rows is None:
         size = sum(m.weight.numel() * m.weight.element_size() for layer in layers
                    for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
@@ -72,8 +77,12 @@ def fuse_projections(layers, dtype: torch.dtype | None = None, pack_rows: int | 
         if size > FUSE_MAX_BYTES:
             return None
 
-    def ready(w: torch.Tensor) -> torch.Tensor:
-        return prepack(w, pack_rows) if pack_rows is not None else w
+    def ready(w: torch.Tensor | None, own: bool = False) -> torch.Tensor | None:
+        """`w` as the decode steps use it: packed (in `dtype`), or as given (`own`: the module's tensor)."""
+        if w is None or pack_rows is None:
+            return w if own or w is None else w.to(dtype)
+        w = w.to(dtype) if dtype is not None else w
+        return prepack(w, pack_rows) if w.dim() == 2 else w
 
     fused = []
     with torch.no_grad():
@@ -82,25 +91,24 @@ def fuse_projections(layers, dtype: torch.dtype | None = None, pack_rows: int | 
             qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
             biases = [m.bias for m in qkv]
             fused.append(FusedLayer(
-                qkv=ready(torch.cat([m.weight for m in qkv]).to(dtype)),  # [H*d + 2*kv*d, D]
-                qkv_bias=None if all(b is None for b in biases) else torch.cat(
-                    [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(qkv, biases)]
-                ).to(dtype),
+                qkv=ready(torch.cat([m.weight for m in qkv])),  # [H*d + 2*kv*d, D]
+                qkv_bias=None if all(b is None for b in biases) else ready(torch.cat(
+                    [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(qkv, biases)])),
                 qkv_sizes=tuple(m.out_features for m in qkv),
-                gate_up=ready(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype)),  # [2*I, D]
-                o=ready(attn.o_proj.weight), o_bias=attn.o_proj.bias,
-                down=ready(mlp.down_proj.weight), down_bias=mlp.down_proj.bias,
+                gate_up=ready(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),  # [2*I, D]
+                o=ready(attn.o_proj.weight, own=True), o_bias=ready(attn.o_proj.bias, own=True),
+                down=ready(mlp.down_proj.weight, own=True), down_bias=ready(mlp.down_proj.bias, own=True),
             ))
     return fused
 
 
-def packed_head(head, pack_rows: int | None) -> torch.Tensor | None:
-    """The LM head's weight oneDNN-packed for `pack_rows` rows, or None (no packing, or a head that is not a
-    plain linear layer: LoRA-adapted heads keep their own forward).
+def packed_head(head, pack_rows: int | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """The LM head's weight (cast to `dtype` when given) oneDNN-packed for `pack_rows` rows, or None (no packing,
+    or a head that is not a plain float32 / bfloat16 linear layer: LoRA-adapted heads keep their own forward).
 
     Shape: [V, D] -> [V, D] (``torch._mkldnn`` layout)
     """
-    if pack_rows is None or type(head) not in PLAIN_LINEARS or head.weight.dtype != torch.float32:
+    if pack_rows is None or type(head) not in PLAIN_LINEARS or head.weight.dtype not in PACKABLE:
         return None
     with torch.no_grad():
-        return prepack(head.weight, pack_rows)
+        return prepack(head.weight.to(dtype) if dtype is not None else head.weight, pack_rows)

@@ -82,7 +82,7 @@ class ModelShape:
     param_bytes: int = 4           # bytes per parameter of the trainable weights (model.dtype)
     act_bytes: int = 4             # bytes per activation value (2 under bf16 / fp16 autocast)
     lean_layers: bool = False      # the MLPs save fewer activations (grpo.modeling.lean_layers; float32 only)
-    packed_rollout: bool = False   # the rollout packs every projection and the head (CPU float32, oneDNN)
+    packed_rollout: bool = False   # the rollout packs every projection and the head (CPU float32 / native bf16)
     slack_bytes: int = 0           # runtime_allowance(trainable_params), set by grpo.training.runtime.model_shape
 
 
@@ -174,12 +174,14 @@ def micro_batch_padded_tokens(s: StepShape, tokens: int) -> int:
 
 def fused_weight_bytes(m: ModelShape) -> int:
     """The rollout's copies of weights (grpo.modeling.rollout_weights), made for one rollout and freed after it:
-    the concatenated q/k/v and gate/up weights; when packed (CPU float32), o, down and the LM head too."""
+    the concatenated q/k/v and gate/up weights; when packed (CPU float32 / bf16), o, down and the LM head too.
+    The copies are in the products' dtype: the narrower of the parameters' and the activations' (autocast's)."""
     qkv_gate_up = m.hidden * (m.hidden + 2 * m.kv_heads * m.head_dim + 2 * m.intermediate)
+    width = min(m.act_bytes, m.param_bytes)
     if not m.packed_rollout:
-        return m.layers * qkv_gate_up * m.act_bytes
+        return m.layers * qkv_gate_up * width
     o_down = m.hidden * (m.hidden + m.intermediate)
-    return (m.layers * (qkv_gate_up + o_down) + m.vocab * m.hidden) * 4
+    return (m.layers * (qkv_gate_up + o_down) + m.vocab * m.hidden) * width
 
 
 def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpointing: bool,

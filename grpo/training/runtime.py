@@ -229,8 +229,9 @@ def configured_budget(cfg: Config) -> int:
     return int(cfg.train.memory_budget_gib * 2 ** 30)
 
 
-def model_shape(model: torch.nn.Module, act_bytes: int):
-    """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters."""
+def model_shape(model: torch.nn.Module, act_bytes: int, compute_dtype: torch.dtype | None = None):
+    """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters;
+    `compute_dtype`: autocast's dtype (`train.precision`), None for the parameters' own."""
     from grpo.modeling.cpu_kernels import can_prepack
     from grpo.modeling.lean_layers import lean_mlps
     from grpo.training.memory_plan import ModelShape, runtime_allowance
@@ -250,8 +251,8 @@ def model_shape(model: torch.nn.Module, act_bytes: int):
                       trainable_params=n_trainable, slack_bytes=runtime_allowance(n_trainable),
                       param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes,
                       lean_layers=act_bytes == 4 and lean_mlps(model) > 0,
-                      packed_rollout=act_bytes == 4 and bool(trainable) and can_prepack(trainable[0].device,
-                                                                                       trainable[0].dtype))
+                      packed_rollout=bool(trainable) and can_prepack(trainable[0].device,
+                                                                     compute_dtype or trainable[0].dtype))
 
 
 def step_shape(cfg: Config, prompt_tokens: int):
@@ -267,11 +268,13 @@ def step_shape(cfg: Config, prompt_tokens: int):
 def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int):
     """The memory plan of `runtime`'s run (grpo.training.memory_plan.plan_memory) for prompts of up to
     `prompt_tokens` tokens: the configured settings, what is in use now and the budget."""
+    from grpo.modeling.precision import autocast_dtype
     from grpo.training.memory_plan import plan_memory
 
     cfg = runtime.cfg
-    act_bytes = 2 if cfg.train.precision in ("bf16", "fp16") else 4
-    return plan_memory(model_shape(model, act_bytes), step_shape(cfg, prompt_tokens), in_use=runtime.memory_in_use(),
+    lowp = autocast_dtype(cfg.train.precision)
+    shape = model_shape(model, 2 if lowp is not None else 4, lowp)
+    return plan_memory(shape, step_shape(cfg, prompt_tokens), in_use=runtime.memory_in_use(),
                        budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                        gradient_checkpointing=cfg.train.gradient_checkpointing,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.flow.models import MLPFlow, RowLinear, TinyDiT, build_flow_model, load_flow_model
+from grpo.flow.models import MLPFlow, RowLinear, TinyDiT, build_flow_model, load_flow_model, padded_act
 
 
 def _randomised(model):
@@ -20,6 +20,18 @@ def test_row_linear_equals_linear_and_does_not_depend_on_the_batch():
     assert torch.allclose(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-6)
     full = lin(x)
     assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(9)]), full)
+
+
+def test_padded_activation_equals_the_activation_and_does_not_depend_on_the_batch():
+    """Every element through the vectorised kernel: same values as F.silu (to its last bit), the shape kept,
+    and each row of a 7-row tensor equal, bit for bit, to that row computed in any 3-row slice."""
+    torch.manual_seed(0)
+    x = torch.randn(7, 16)
+    full = padded_act(torch.nn.functional.silu, x)
+    assert full.shape == x.shape
+    torch.testing.assert_close(full, torch.nn.functional.silu(x), rtol=1e-6, atol=1e-7)
+    for i in range(5):
+        assert torch.equal(padded_act(torch.nn.functional.silu, x[i:i + 3]), full[i:i + 3])
 
 
 @pytest.mark.parametrize("make, shape", [(lambda: TinyDiT([3, 4, 4], image_size=8, patch=2, dim=16, depth=1, heads=2),

@@ -83,9 +83,12 @@ def test_prepacked_weight_gives_the_float64_product_for_any_row_count(hint):
     assert torch.allclose(linear(x, packed).double(), expect, atol=1e-4)
 
 
-def test_prepacking_applies_to_float32_on_the_cpu_only():
+def test_prepacking_applies_to_float32_and_native_bf16_on_the_cpu_only(monkeypatch):
     assert kernels.can_prepack(torch.device("cpu"), torch.float32)
-    assert not kernels.can_prepack(torch.device("cpu"), torch.bfloat16)
+    assert not kernels.can_prepack(torch.device("cpu"), torch.float16)
+    for native in (True, False):                     # bf16 only where oneDNN's bf16 GEMMs are not emulated
+        monkeypatch.setattr(kernels, "bf16_native", lambda native=native: native)
+        assert kernels.can_prepack(torch.device("cpu"), torch.bfloat16) is native
     assert not kernels.can_prepack(torch.device("cuda", 0), torch.float32)
     assert not kernels.can_prepack(torch.device("meta"), torch.float32)
 

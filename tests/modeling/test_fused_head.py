@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from grpo.modeling import fused_head
+from grpo.modeling.cpu_kernels import DnnLinear
 from grpo.modeling.grad_in_place import GradIntoLinear
 from grpo.modeling.logprobs import chunked_head
 
@@ -119,10 +120,17 @@ def test_where_it_applies():
     hooked.register_forward_hook(lambda *a: None)
     assert not fused_head.applies(hooked, h)                                      # a hook must see the call
 
-    class Wrapped(torch.nn.Linear):                                               # a subclass (LoRA, oneDNN) keeps
+    class Wrapped(torch.nn.Linear):                                               # a subclass (LoRA) keeps
         pass                                                                      # its own forward
     assert not fused_head.applies(Wrapped(8, 10), h)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    dnn = torch.nn.Linear(8, 10)
+    dnn.__class__ = DnnLinear
+    assert not fused_head.applies(dnn, h)                                         # float32 oneDNN: its own GEMMs
+    with torch.autocast("cpu", dtype=torch.bfloat16):                             # bf16 autocast: products in bf16
+        assert fused_head.applies(torch.nn.Linear(8, 10), h) and fused_head.applies(dnn, h)
+        assert fused_head.applies(torch.nn.Linear(8, 10).bfloat16(), h)          # a reference's stored bf16 head
+        assert not fused_head.applies(torch.nn.Linear(8, 10), h.double()) and not fused_head.applies(Wrapped(8, 10), h)
+    with torch.autocast("cpu", dtype=torch.float16):
         assert not fused_head.applies(torch.nn.Linear(8, 10), h)
 
 
@@ -133,3 +141,45 @@ def test_no_tokens_gives_empty_outputs_that_keep_the_graph():
     assert logp.shape == ent.shape == (0,) and logp.requires_grad
     logp.sum().backward()
     assert x.grad.shape == (0, 8) and torch.equal(head.weight.grad, torch.zeros(10, 8))
+
+
+@pytest.mark.parametrize("kind,into", [("linear", False), ("dnn", False), ("dnn", True), ("dnn-cast", True)])
+def test_bf16_autocast_equals_autocasts_checkpointed_chunks(monkeypatch, kind, into):
+    """Under CPU bf16 autocast the fused head runs its products in bfloat16 as autocast does (logits rounded to
+    bf16, dL/dlogits rounded to bf16 for dL/dh and dL/dW): log-probs, entropies, dL/dh and the float32 weight
+    gradient (autograd's, or added into .grad in place; the update's one cast weight, or a cast here) equal the
+    checkpointed chunks under autocast to float32 rounding (far closer than float32's own values); dW to bf16
+    rounding and closer to float32's than autocast's, whose cached cast sums the chunks' dW in bf16."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 500, bias=False)
+    if kind != "linear":
+        head.__class__ = DnnLinear
+        head.grad_into = into
+    if kind == "dnn-cast":
+        head.cast_weight = head.weight.detach().bfloat16()
+    h = torch.randn(40, 32)
+    tokens = torch.randint(0, 500, (40,))
+    runs = {}
+    for fused in (True, False, "fp32"):
+        monkeypatch.setattr(fused_head, "applies", lambda *a, _f=fused: _f is True)
+        head.zero_grad(set_to_none=True)
+        x = h.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fused != "fp32"):
+            if kind == "dnn" and fused is False:                              # autocast's own F.linear
+                head.__class__ = torch.nn.Linear
+            logp, ent = chunked_head(head, x, tokens, 0.9, True, 16)
+            with torch.no_grad():
+                nograd = chunked_head(head, h, tokens, 0.9, True, 16)
+            if kind != "linear":
+                head.__class__ = DnnLinear
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        runs[fused] = (logp.detach(), ent.detach(), x.grad, head.weight.grad, *nograd)
+    assert runs[True][3].dtype == torch.float32
+    for name, got, autocast_, fp32 in zip(("logp", "entropy", "dh", "dW", "logp no grad", "entropy no grad"),
+                                          runs[True], runs[False], runs["fp32"]):
+        if name == "dW":   # each chunk's bf16 dW summed in float32 here; autocast's cached cast sums them in bf16
+            assert (got - autocast_).abs().max() <= 1e-2 * autocast_.abs().max(), name
+            assert (got - fp32).norm() <= (autocast_ - fp32).norm(), name
+            continue
+        assert (got - autocast_).abs().max() <= 1e-5 * autocast_.abs().max() + 1e-6, name
+        assert (fp32 - autocast_).abs().max() > 10 * (got - autocast_).abs().max(), name

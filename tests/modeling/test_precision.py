@@ -12,7 +12,7 @@ from grpo.config import AlgorithmConfig, ConfigError, OptimConfig, build_config
 from grpo.modeling.logprobs import completion_logprobs, fixed_logprobs
 from grpo.modeling.models import build_model, build_tokenizer
 from grpo.modeling.precision import (active_dtype, autocast, autocast_dtype, cast_frozen_linears, cast_trainable_linears,
-                            loss_scaler)
+                            loss_scaler, paused)
 from grpo.rollout import sample
 from grpo.types import TrainBatch
 from grpo.training.update import build_optimizer, policy_update
@@ -305,3 +305,53 @@ def test_fp16_loss_scale_is_checkpointed_and_restored(tmp_path):
     restore(st, find_checkpoint(t.config), t.config)
     restored = loss_scaler(st.optimizer, CPU)
     assert restored.get_scale() == 1024.0 and restored._get_growth_tracker() == 7
+
+
+def test_cast_weight_gradients_go_into_grad_in_place():
+    """`train.grad_in_place` under bf16: each oneDNN linear's bfloat16 weight gradient is added into the float32
+    ``.grad`` in place (no float32 temporary, no AccumulateGrad), over two micro-batches: the same gradients as
+    converting and accumulating through autograd, to float32 rounding; the embedding / head and biases too."""
+    from grpo.modeling.cpu_kernels import DnnLinear, use_cpu_matmul
+
+    model, tok = micro_policy()
+    batch = rollout_batch(model, tok)
+    assert use_cpu_matmul(model, "onednn", grad_in_place=True) > 0
+    linears = [m for m in model.modules() if isinstance(m, DnnLinear)]
+    assert all(m.grad_into for m in linears)
+
+    def grads(into):
+        for m in linears:
+            m.grad_into = into
+        model.zero_grad(set_to_none=True)
+        with autocast(CPU, "bf16"), cast_trainable_linears(model, CPU):
+            for rows in (slice(0, 2), slice(2, None)):                      # two micro-batches accumulate
+                logp, _ = completion_logprobs(model.train(), batch.input_ids[rows], batch.attention_mask[rows],
+                                              batch.completion_length)
+                with paused(CPU):
+                    (logp * batch.completion_mask[rows]).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    through_autograd, in_place = grads(False), grads(True)
+    assert in_place.keys() == through_autograd.keys()
+    for name, g in through_autograd.items():
+        assert in_place[name].dtype == torch.float32
+        torch.testing.assert_close(in_place[name], g, rtol=1e-6, atol=1e-6, msg=name)   # summation order only
+    assert any(g.abs().sum() > 0 for g in in_place.values())
+    assert use_cpu_matmul(model, "onednn", grad_in_place=False) and not any(m.grad_into for m in linears)
+
+
+def test_add_upcast_adds_bf16_into_float32_block_by_block(monkeypatch):
+    """add_upcast_ gives acc.add_(g) exactly, for blocks of rows smaller than, equal to and not dividing the rows,
+    and for same-dtype and small tensors (one add)."""
+    from grpo.modeling import grad_in_place
+
+    g = torch.randn(37, 24, dtype=torch.float64).to(torch.bfloat16)
+    acc = torch.randn(37, 24)
+    expected = acc.clone().add_(g)
+    for block in (4 * 24 * 5, 4 * 24, 4 * 24 * 37, 1):                       # 5 rows, 1 row, all rows, < 1 row
+        monkeypatch.setattr(grad_in_place, "UPCAST_BLOCK_BYTES", block)
+        out = acc.clone()
+        assert grad_in_place.add_upcast_(out, g) is out and torch.equal(out, expected)
+    same = torch.randn(37, 24)
+    assert torch.equal(grad_in_place.add_upcast_(acc.clone(), same), acc + same)
+    assert torch.equal(grad_in_place.add_upcast_(torch.zeros(3), g[0, :3]), g[0, :3].float())

@@ -54,15 +54,43 @@ def test_size_cap_applies_only_without_packing(monkeypatch):
 
 
 @torch.no_grad()
-def test_non_float32_weights_and_adapters_are_not_packed():
-    """bfloat16 weights keep plain fused copies (oneDNN's bfloat16 packing needs AVX-512 or AVX-NE-CONVERT); LoRA
-    projections are not fused at all; the head is packed only when it is a plain float32 linear layer."""
-    bf16 = qwen2(torch.bfloat16)
-    fused = fuse_projections(bf16.model.layers, None, 16)
-    assert fused is not None and not any(f.qkv.is_mkldnn for f in fused) and fused[0].qkv.dtype == torch.bfloat16
-    assert packed_head(bf16.lm_head, 16) is None
+def test_bf16_weights_are_packed_only_where_asked_and_adapters_never():
+    """The caller asks for packing (grpo.modeling.cpu_kernels.can_prepack: float32, or bf16 where oneDNN's bf16 is
+    native): bf16 weights are then packed in bf16, float32 ones cast to autocast's dtype first; float16 weights never;
+    LoRA projections are not fused at all; the head is packed only when it is a plain float32 / bf16 linear layer."""
+    fp16 = qwen2(torch.float16)
+    fused = fuse_projections(fp16.model.layers, None, 16)
+    assert fused is not None and not any(f.qkv.is_mkldnn for f in fused) and fused[0].qkv.dtype == torch.float16
+    assert packed_head(fp16.lm_head, 16) is None
+    if cpu_kernels.bf16_native():
+        for model, dtype in ((qwen2(torch.bfloat16), None), (qwen2(), torch.bfloat16)):
+            fused = fuse_projections(model.model.layers, dtype, 16)
+            assert all(w.is_mkldnn and w.dtype == torch.bfloat16 for f in fused for w in (f.qkv, f.gate_up, f.o, f.down))
+            assert fused[0].qkv_bias.dtype == torch.bfloat16
+            head = packed_head(model.lm_head, 16, dtype)
+            assert head.is_mkldnn and head.dtype == torch.bfloat16
     lora = with_lora(qwen2())
     assert fuse_projections(lora.get_base_model().model.layers, None, 16) is None
     head = packed_head(qwen2().lm_head, 16)
     assert head.is_mkldnn and head.shape == (SHAPE["vocab_size"], SHAPE["hidden_size"])
     assert packed_head(qwen2().lm_head, None) is None
+
+
+@pytest.mark.skipif(not cpu_kernels.bf16_native(), reason="oneDNN's bfloat16 GEMMs are emulated on this CPU")
+@torch.no_grad()
+def test_packed_bf16_products_equal_autocast_linear():
+    """Under `train.precision` bf16 the rollout's packed bfloat16 copies give exactly autocast's F.linear: the
+    input and bias cast to bfloat16, the product in bfloat16 (float32 input, as from the float32 attention)."""
+    model = qwen2()
+    f = fuse_projections(model.model.layers, torch.bfloat16, 5)[0]
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    x = torch.randn(5, SHAPE["hidden_size"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = linear(x, f.qkv, f.qkv_bias).split(f.qkv_sizes, dim=-1)
+        for got, mod in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
+            assert got.dtype == torch.bfloat16 and torch.equal(got, mod(x))
+        assert torch.equal(linear(x, f.o, f.o_bias), attn.o_proj(x))
+        gate, up = linear(x.bfloat16(), f.gate_up).chunk(2, dim=-1)
+        assert torch.equal(gate, mlp.gate_proj(x.bfloat16())) and torch.equal(up, mlp.up_proj(x.bfloat16()))
+        head = packed_head(model.lm_head, 5, torch.bfloat16)
+        assert torch.equal(linear(x, head, None), model.lm_head(x))

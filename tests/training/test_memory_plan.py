@@ -34,6 +34,9 @@ def test_the_pieces_by_hand():
     assert fused_weight_bytes(M) == 2 * 64 * (64 + 2 * 2 * 16 + 2 * 128) * 4   # = 196,608: q/k/v, gate/up copies
     packed = dataclasses.replace(M, packed_rollout=True)                    # CPU float32: every projection, the head
     assert fused_weight_bytes(packed) == (2 * 64 * (64 + 2 * 2 * 16 + 2 * 128 + 64 + 128) + 100 * 64) * 4  # = 320,512
+    packed_bf16 = dataclasses.replace(packed, act_bytes=2)                  # bf16 autocast: packed bf16 casts
+    assert fused_weight_bytes(packed_bf16) == 320_512 // 2
+    assert fused_weight_bytes(dataclasses.replace(M, param_bytes=2)) == 196_608 // 2    # bf16 weights, no autocast
     # per layer 10 x 64 + 3.5 x 128 = 1088 values; plus 4 x 64 outside the layers
     assert stored_values_per_token(M, False) == 2 * 1088 + 256              # every layer's activations: 2432
     assert stored_values_per_token(M, True) == 2 * 64 + 1088 + 256          # layer inputs + one layer: 1472
@@ -154,7 +157,7 @@ def test_tight_budget_picks_checkpointing_and_the_update_is_unchanged(monkeypatc
         "train.memory_budget_gib": on / 2 ** 30, "rollout.max_new_tokens": T, "rollout.num_generations": 2,
         "train.prompts_per_step": 2}))                                    # the budget: exactly the plan we expect
     monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 0)
-    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b: shape)   # float64: 8-byte activations
+    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b, d=None: shape)   # float64: 8-byte activations
     plan = runtime.memory_plan(model, P)
     assert plan.gradient_checkpointing and plan.micro_batch_tokens == row and plan.estimate_bytes <= on
 
@@ -216,11 +219,14 @@ def test_a_run_that_cannot_fit_stops_before_its_first_step(tmp_path):
 
 def test_planner_counts_packed_rollout_weights_where_they_are_made():
     """model_shape marks a float32 CPU policy's rollout as packed (grpo.modeling.rollout_weights), so its
-    rollout phase counts every projection and the head; bf16 autocast and meta / non-CPU weights are not."""
+    rollout phase counts every projection and the head; bf16 (autocast or weights) only where oneDNN's bf16 is
+    native; fp16 autocast and meta / non-CPU weights are not."""
     model = tiny_qwen2().float()
+    native = cpu_kernels.onednn_works() and cpu_kernels.bf16_native()
     assert model_shape(model, 4).packed_rollout == cpu_kernels.onednn_works()
     assert not model_shape(tiny_qwen2(), 8).packed_rollout                # float64 weights: no packing
-    assert not model_shape(model, 2).packed_rollout                       # autocast dtype: no packing
-    assert not model_shape(model.to(torch.bfloat16), 2).packed_rollout
+    assert not model_shape(model, 2, torch.float16).packed_rollout        # fp16 autocast: no packing
+    assert model_shape(model, 2, torch.bfloat16).packed_rollout == native  # bf16 autocast: packed bf16 casts
+    assert model_shape(model.to(torch.bfloat16), 2).packed_rollout == native
     with torch.device("meta"):
         assert not model_shape(tiny_qwen2().float(), 4).packed_rollout
