@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from grpo.modeling.cpu_kernels import DnnLinear
-from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad
+from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad, add_upcast_
 
 
 def lowp_dtype(hidden: torch.Tensor) -> torch.dtype | None:
@@ -58,6 +58,10 @@ def applies(head: torch.nn.Module, hidden: torch.Tensor) -> bool:
         return hidden.dtype == torch.float32 and w.dtype in (torch.float32, torch.bfloat16)
     return (type(head) is not DnnLinear and w.dtype == hidden.dtype and hidden.dtype in (torch.float32, torch.float64)
             and not torch.is_autocast_enabled(hidden.device.type))
+
+
+#: Vocabulary rows per bfloat16 weight-gradient product of :meth:`_Products.add_grad_weight` (3 MiB at H = 768).
+VOCAB_BLOCK = 2048
 
 
 class _Products:
@@ -102,11 +106,16 @@ class _Products:
         else:
             out.copy_(torch.mm(dz, self.w))
 
-    def grad_weight(self, dz: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(a, b) with dL/dW = a @ b, or (dL/dW, None) computed here in bfloat16.  Shape: [V, H]"""
+    def add_grad_weight(self, target: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
+        """target += dL/dW = dz^T h, in place: one ``addmm_``; in bfloat16, :data:`VOCAB_BLOCK` vocabulary rows at a
+        time, each block's product added in float32 (a [V, H] bfloat16 product would be a 50 MiB temporary at
+        qwen2-100m's head, at the update's peak).  Shape: target [V, H], dz [n, V], h [n, H]"""
         if self.lowp is None:
-            return dz.t(), h
-        return torch.mm(dz.t(), h.to(self.lowp)), None
+            target.addmm_(dz.t(), h)
+            return
+        h = h.to(self.lowp)
+        for v in range(0, target.shape[0], VOCAB_BLOCK):
+            add_upcast_(target[v:v + VOCAB_BLOCK], torch.mm(dz[:, v:v + VOCAB_BLOCK].t(), h))
 
 
 def _workspace(hidden: torch.Tensor, V: int, chunk: int, with_probs: bool):
@@ -161,11 +170,12 @@ class _HeadLogprobs(torch.autograd.Function):
             if need_h:
                 products.grad_hidden_into(dh[s:e], dzp)                        # [n, H] = dL/dlogits W
             if need_w:                                                         # [V, H] += dL/dlogits^T h
-                a, b = products.grad_weight(dzp, h)
-                if into:
-                    accumulate_grad(weight, a, b)
+                if into and weight.grad is None and products.lowp is None:
+                    accumulate_grad(weight, dzp.t(), h)                       # the first product makes .grad
                 else:
-                    dw.addmm_(a, b) if b is not None else dw.add_(a)
+                    if into and weight.grad is None:
+                        weight.grad = torch.zeros_like(weight)
+                    products.add_grad_weight(weight.grad if into else dw, dzp, h)
             if need_b:
                 accumulate_grad(bias, dz.sum(dim=0)) if into else db.add_(dz.sum(dim=0))
         return dh, dw, db, None, None, None, None, None, None, None

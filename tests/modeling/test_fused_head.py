@@ -148,9 +148,11 @@ def test_bf16_autocast_equals_autocasts_checkpointed_chunks(monkeypatch, kind, i
     """Under CPU bf16 autocast the fused head runs its products in bfloat16 as autocast does (logits rounded to
     bf16, dL/dlogits rounded to bf16 for dL/dh and dL/dW): log-probs, entropies, dL/dh and the float32 weight
     gradient (autograd's, or added into .grad in place; the update's one cast weight, or a cast here) equal the
-    checkpointed chunks under autocast to float32 rounding (far closer than float32's own values); dW to bf16
-    rounding and closer to float32's than autocast's, whose cached cast sums the chunks' dW in bf16."""
+    checkpointed chunks under autocast to float32 rounding (far closer than float32's own values); dW (computed
+    in vocabulary blocks) to bf16 rounding and closer to float32's than autocast's, whose cached cast sums the
+    chunks' dW in bf16."""
     torch.manual_seed(0)
+    monkeypatch.setattr(fused_head, "VOCAB_BLOCK", 128)                      # dW in 4 vocabulary blocks, the last short
     head = torch.nn.Linear(32, 500, bias=False)
     if kind != "linear":
         head.__class__ = DnnLinear
