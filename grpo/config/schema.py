@@ -278,7 +278,9 @@ class TrainConfig:
     grad_in_place: bool = _f(True, "CPU, one process: each linear layer's weight gradient is accumulated into .grad by "
                              "one in-place GEMM per micro-batch instead of a new tensor plus an add (same values; "
                              "grpo/modeling/cpu_kernels.py GradIntoLinear). Off under torchrun (DDP / FSDP reduce "
-                             "gradients from hooks this skips), on CUDA and for oneDNN-switched linears.")
+                             "gradients from hooks this skips) and on CUDA. oneDNN-switched linears keep autograd in "
+                             "float32; under train.precision bf16 their bf16 weight gradients are added into the "
+                             "float32 .grad in place.")
     logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto: about 32 MiB "
                                  "of float32 logits per chunk, less when train.memory_budget_gib needs it); the full "
                                  "[N, T, vocab] logits never exist.")
@@ -307,7 +309,9 @@ class TrainConfig:
     precision: str = _f("fp32", "Mixed precision of the forward passes (rollout, reference/old log-probs, the update's "
                         "forward and loss): fp32 (none) | bf16 (autocast to bfloat16) | fp16 (autocast to float16 with a "
                         "dynamic loss scaler). Weights, gradients and optimizer state keep model.dtype; log-probs, KL "
-                        "and loss are float32 (grpo/modeling/precision.py, docs/performance.md).")
+                        "and loss are float32 (grpo/modeling/precision.py, docs/performance.md). bf16 is fast only "
+                        "where the GEMMs are native (GPU; CPU with AVX-512 BF16 / AMX: 1.42x per step on a 100M "
+                        "model at the same peak memory); on an AVX2-only CPU it is emulated, ~14x slower.")
 
 
 @dataclass(frozen=True)
