@@ -22,10 +22,12 @@ def constant(completions, **kwargs):
     return [1.0 for _ in completions]
 
 
-BROKEN = {   # name: (config overrides, reward functions, alerts that must appear {rule: lowest severity})
+BROKEN = {   # name: (config overrides, reward functions, alerts that must appear {rule (a|b: either): lowest severity})
     # 300x the demo's lr: at 3e-3 (100x) the entropy's path was chaotic enough that float rounding decided
     # whether it collapsed within 60 steps; at 1e-2 it does under either LM-head path (docs/health.md)
-    "lr_too_high": ({"optim.lr": 1e-2}, None, {"kl_blowup": "critical", "entropy_collapse": "warn"}),
+    # On an AVX-512 host (other GEMM kernels, other rounding) the same run's entropy blew up instead (0.061 -> 0.62
+    # by step 32): which way it leaves its baseline is the rounding's choice, that it leaves it is not
+    "lr_too_high": ({"optim.lr": 1e-2}, None, {"kl_blowup": "critical", "entropy_collapse|entropy_blowup": "warn"}),
     "length_only_reward": ({}, [length_only], {"length_inflation": "warn"}),
     "max_new_tokens_too_small": ({"rollout.max_new_tokens": 6}, None, {"truncation": "critical"}),
     "constant_reward": ({}, [constant], {"dead_groups": "critical", "no_update": "critical"}),
@@ -48,8 +50,8 @@ def test_a_broken_run_raises_its_alert_within_60_steps(name, tmp_path):
     for a in alerts:
         worst[a["rule"]] = max(worst.get(a["rule"], 0), LEVEL[a["severity"]])
         assert a["step"] <= 60 and a["keys"] and any(k in a["advice"] for k in a["keys"]), a
-    for rule, severity in expected.items():
-        assert worst.get(rule, 0) >= LEVEL[severity], (rule, alerts)
+    for rules, severity in expected.items():
+        assert max(worst.get(rule, 0) for rule in rules.split("|")) >= LEVEL[severity], (rules, alerts)
     metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     for a in alerts:                                   # the metrics carry each finding's level at its step
         assert metrics[a["step"] - 1][f"health/{a['rule']}"] == LEVEL[a["severity"]]
