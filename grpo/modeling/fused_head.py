@@ -83,14 +83,13 @@ class _Products:
     def logits_into(self, buf: torch.Tensor, h: torch.Tensor, temperature: float) -> torch.Tensor:
         """z = (h W^T + b) / tau written into `buf` ([n, V], the first n rows of the workspace)."""
         if self.lowp is None:
-            torch.mm(h, self.w.t(), out=buf)
+            out = torch.mm(h, self.w.t(), out=buf)
         else:
-            low = torch.mm(h.to(self.lowp), self.w.t(), out=self.low[:buf.shape[0]])  # rounded as autocast's
-            if self.b is not None:
-                low.add_(self.b)
-            buf.copy_(low)
-        if self.lowp is None and self.b is not None:
-            buf.add_(self.b)
+            out = torch.mm(h.to(self.lowp), self.w.t(), out=self.low[:buf.shape[0]])  # rounded as autocast's
+        if self.b is not None:
+            out.add_(self.b)
+        if self.lowp is not None:
+            buf.copy_(out)
         if temperature > 0 and temperature != 1.0:
             buf.div_(temperature)
         return buf
@@ -170,12 +169,9 @@ class _HeadLogprobs(torch.autograd.Function):
             if need_h:
                 products.grad_hidden_into(dh[s:e], dzp)                        # [n, H] = dL/dlogits W
             if need_w:                                                         # [V, H] += dL/dlogits^T h
-                if into and weight.grad is None and products.lowp is None:
-                    accumulate_grad(weight, dzp.t(), h)                       # the first product makes .grad
-                else:
-                    if into and weight.grad is None:
-                        weight.grad = torch.zeros_like(weight)
-                    products.add_grad_weight(weight.grad if into else dw, dzp, h)
+                if into and weight.grad is None:
+                    weight.grad = torch.zeros_like(weight)                    # once per update, as dw below
+                products.add_grad_weight(weight.grad if into else dw, dzp, h)
             if need_b:
                 accumulate_grad(bias, dz.sum(dim=0)) if into else db.add_(dz.sum(dim=0))
         return dh, dw, db, None, None, None, None, None, None, None
