@@ -54,14 +54,45 @@ def _dnn_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return _dnn(F.pad(x, (0, 0, 0, pad)) if pad else x, weight, bias)[:rows]
 
 
+#: Bytes of one block product of :func:`add_product_`: under glibc's mmap threshold (`train.mmap_threshold_mb`,
+#: default 1 MiB), so each block's output is heap memory, not fresh pages from the kernel. Measured on the
+#: AVX-512 host, dW of a [151936, 768] LM head from 55-256 rows: 2048-row blocks (6 MiB each) ran at 80-180
+#: GFLOP/s, 256-row ones (768 KiB) at 230-370, MKL's ``addmm_`` into place at 220.
+BLOCK_BYTES = 768 * 1024
+
+
+def block_size(n: int, width: int) -> int:
+    """Columns (or rows) per block product whose [n, block] float32 output stays within :data:`BLOCK_BYTES`: a
+    multiple of 64, at least 64, at most `width`."""
+    return min(width, max(64, BLOCK_BYTES // (4 * max(n, 1)) // 64 * 64))
+
+
+def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """target += a^T b in place through oneDNN, :func:`block_size` rows of `target` at a time (oneDNN has no
+    ``out=``: a whole [N, K] product would be a new tensor of the target's size per call).
+
+    Shape: target [N, K], a [M, N], b [M, K] (rows of any stride; contiguous ones are read in place) -> target
+    """
+    rows, bt = block_size(target.shape[1], target.shape[0]), b.t()
+    for v in range(0, target.shape[0], rows):
+        target[v:v + rows].add_(_dnn(a[:, v:v + rows].t(), bt))           # [rows, K] = a_v^T b
+    return target
+
+
 class _DnnLinearFn(torch.autograd.Function):
-    """y = x W^T + b with every GEMM (forward and both gradients) through oneDNN."""
+    """y = x W^T + b with every GEMM (forward and both gradients) through oneDNN. With `into`
+    (`train.grad_in_place`, leaf parameters) dW and db are added into ``.grad`` in place (:func:`add_product_`,
+    zero-filled once per update) and autograd receives None for them, as grpo.modeling.grad_in_place's layers:
+    autograd's dW is a new tensor of the weight's size per micro-batch, fresh pages from the kernel at
+    `train.mmap_threshold_mb` 1, then one more pass to add it."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                into: bool = False) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1]).contiguous()                        # [M, K]
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
+        ctx.into = (weight, bias) if into else None         # the leaves on ctx, not saved (as grad_in_place's)
         return _dnn_rows(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])  # [..., N]
 
     @staticmethod
@@ -76,10 +107,19 @@ class _DnnLinearFn(torch.autograd.Function):
             gx = _dnn(gp, weight.t())[:rows].view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
         if ctx.needs_input_grad[1]:
             xp = F.pad(x2, (0, 0, 0, pad)) if pad else x2                    # [M', K]
-            gw = _dnn(gp.t(), xp.t())                                        # [N, K] = dY^T X
+            if ctx.into is None:
+                gw = _dnn(gp.t(), xp.t())                                    # [N, K] = dY^T X
+            else:
+                w = ctx.into[0]
+                if w.grad is None:
+                    w.grad = torch.zeros_like(w)
+                add_product_(w.grad, gp, xp)                                 # .grad += dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(dim=0)                                               # [N]
-        return gx, gw, gb
+            if ctx.into is not None:
+                accumulate_grad(ctx.into[1], gb)
+                gb = None
+        return gx, gw, gb, None
 
 
 def prepack(weight: torch.Tensor, rows: int) -> torch.Tensor:
@@ -137,10 +177,11 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out[:rows].view(*x.shape[:-1], weight.shape[0])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, into: bool = False) -> torch.Tensor:
     """``F.linear`` through oneDNN where eligible (float32 on CPU), :func:`padded_linear` under CPU
     autocast without autograd, else ``F.linear`` itself. A :func:`prepack`-ed weight (no autograd) always
-    goes to oneDNN, `x` and `bias` cast to its dtype as autocast would cast them.
+    goes to oneDNN, `x` and `bias` cast to its dtype as autocast would cast them. `into`: leaf parameters'
+    gradients go into ``.grad`` in place (:class:`_DnnLinearFn`).
 
     Shape: x [..., K], weight [N, K], bias [N] -> [..., N]
     """
@@ -154,7 +195,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             return padded_linear(x, weight, bias)
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-        return _DnnLinearFn.apply(x, weight, bias)
+        into = into and weight.is_leaf and (bias is None or bias.is_leaf)
+        return _DnnLinearFn.apply(x, weight, bias, into)
     out = _dnn_rows(x.reshape(-1, x.shape[-1]), weight, bias)               # no graph: skip autograd.Function
     return out.view(*x.shape[:-1], weight.shape[0])
 
@@ -219,7 +261,7 @@ class DnnLinear(torch.nn.Linear):
 
     cast_weight: torch.Tensor | None = None
     input_casts: InputCasts | None = None
-    grad_into: bool = False                 # `train.grad_in_place`: the cast weight's gradient goes into .grad
+    grad_into: bool = False                 # `train.grad_in_place`: weight and bias gradients go into .grad
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cast_weight is not None and torch.is_grad_enabled() and torch.is_autocast_enabled(x.device.type):
@@ -227,7 +269,7 @@ class DnnLinear(torch.nn.Linear):
             if self.input_casts is not None:
                 x = self.input_casts.get(x, self.cast_weight.dtype)
             return F.linear(x, w, self.bias)                                # autocast casts b (and x if not cast)
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.grad_into)
 
 
 @functools.lru_cache(maxsize=None)

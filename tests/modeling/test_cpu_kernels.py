@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo.modeling import cpu_kernels as kernels
-from grpo.modeling.cpu_kernels import DnnLinear, linear, should_switch, use_cpu_matmul
+from grpo.modeling.cpu_kernels import DnnLinear, linear, onednn_works, should_switch, use_cpu_matmul
 
 pytestmark = pytest.mark.skipif(not kernels.onednn_works(), reason="this torch build has no oneDNN linear")
 
@@ -229,6 +229,41 @@ def test_in_place_weight_gradients_equal_autograds(checkpointing, chunked, lean,
     for name in expect:
         assert expect[name].abs().max() > 0, name
         torch.testing.assert_close(got[name], expect[name], atol=1e-12, rtol=1e-10, msg=name)
+
+
+@pytest.mark.skipif(not onednn_works(), reason="this torch build has no working oneDNN linear")
+@pytest.mark.parametrize("tied,chunked", [(True, True), (False, True), (False, False)])
+def test_onednn_in_place_gradients_equal_autograds(monkeypatch, tied, chunked):
+    """float32 DnnLinear with `train.grad_in_place`: dW (in vocabulary/row blocks, add_product_) and db go into
+    .grad over two micro-batches; equal to the same model through autograd (1e-5) and to float64 autograd to
+    float32 rounding, for a tied or separate LM head, the trainer's chunked (fused) head or the model's loss."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo.modeling import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "BLOCK_BYTES", 32 * 4 * 64)          # 64-row blocks: several per weight
+    blocks = []
+    real = cpu_kernels.add_product_
+    monkeypatch.setattr(cpu_kernels, "add_product_", lambda t, a, b: blocks.append(t.shape) or real(t, a, b))
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=200, hidden_size=32, intermediate_size=96, num_hidden_layers=2, pad_token_id=0,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    ref64 = Qwen2ForCausalLM(cfg).double()
+    models = {into: copy.deepcopy(ref64).float() for into in (True, False)}
+    for into, model in models.items():
+        assert use_cpu_matmul(model, "onednn", grad_in_place=into) == 2 * 7 + 1
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 200, (2, 9), generator=g), torch.randint(0, 200, (3, 7), generator=g)]
+    got = grads_of(models[True], batches, chunked=chunked)
+    assert len(blocks) >= 2 * 2 * 7 and {(96, 32), (32, 96), (32, 32)} <= set(blocks)
+    blocks.clear()
+    autograd = grads_of(models[False], batches, chunked=chunked)
+    assert not blocks                                                       # without into: autograd's dW
+    expect = grads_of(ref64, batches, chunked=chunked)
+    for name in expect:
+        assert expect[name].abs().max() > 0, name
+        torch.testing.assert_close(got[name], autograd[name], atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(got[name].double(), expect[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_in_place_linear_falls_back_where_it_must():

@@ -5,8 +5,8 @@ not divide the tokens, in-place weight gradients and tied weights; and where it 
 import pytest
 import torch
 
-from grpo.modeling import fused_head
-from grpo.modeling.cpu_kernels import DnnLinear
+from grpo.modeling import cpu_kernels, fused_head
+from grpo.modeling.cpu_kernels import DnnLinear, onednn_works
 from grpo.modeling.grad_in_place import GradIntoLinear
 from grpo.modeling.logprobs import chunked_head
 
@@ -125,7 +125,9 @@ def test_where_it_applies():
     assert not fused_head.applies(Wrapped(8, 10), h)
     dnn = torch.nn.Linear(8, 10)
     dnn.__class__ = DnnLinear
-    assert not fused_head.applies(dnn, h)                                         # float32 oneDNN: its own GEMMs
+    assert fused_head.applies(dnn, h)                                             # float32 oneDNN: oneDNN products
+    assert fused_head.uses_onednn(dnn, h) == onednn_works() and not fused_head.uses_onednn(torch.nn.Linear(8, 10), h)
+    assert not fused_head.uses_onednn(DnnLinear(8, 10).double(), h.double())      # float64: torch.mm's products
     with torch.autocast("cpu", dtype=torch.bfloat16):                             # bf16 autocast: products in bf16
         assert fused_head.applies(torch.nn.Linear(8, 10), h) and fused_head.applies(dnn, h)
         assert fused_head.applies(torch.nn.Linear(8, 10).bfloat16(), h)          # a reference's stored bf16 head
@@ -185,3 +187,41 @@ def test_bf16_autocast_equals_autocasts_checkpointed_chunks(monkeypatch, kind, i
             continue
         assert (got - autocast_).abs().max() <= 1e-5 * autocast_.abs().max() + 1e-6, name
         assert (fp32 - autocast_).abs().max() > 10 * (got - autocast_).abs().max(), name
+
+
+@pytest.mark.skipif(not onednn_works(), reason="this torch build has no working oneDNN linear")
+@pytest.mark.parametrize("bias,into,entropy_grad,tau", [(True, False, True, 0.8), (False, True, False, 1.0),
+                                                        (True, True, True, 1.0)])
+def test_float32_onednn_head_equals_the_float64_formula(monkeypatch, bias, into, entropy_grad, tau):
+    """A float32 DnnLinear head (`model.cpu_matmul`) keeps its products in oneDNN: logits in vocabulary-column blocks
+    copied into the buffer, dL/dW in vocabulary-row blocks added in place (into autograd's dW or .grad), rows padded
+    to a multiple of 16 (37 tokens: 11 zero rows; chunk 20 -> 16). Values and gradients equal the float64 formula
+    to float32 rounding, and every product was a oneDNN call."""
+    monkeypatch.setattr(cpu_kernels, "BLOCK_BYTES", 16 * 4 * 64)    # 64-column / 64-row blocks: 4 of them, last short
+    calls = []
+    real = fused_head._dnn
+    monkeypatch.setattr(fused_head, "_dnn", lambda *a: calls.append(a[0].shape) or real(*a))
+    h, w, b, tokens, g_logp, g_ent = leaves(M=37, H=8, V=200, bias=bias)
+    head = torch.nn.Linear(8, 200, bias=bias)
+    with torch.no_grad():
+        head.weight.copy_(w)
+        if bias:
+            head.bias.copy_(b)
+    head.__class__, head.grad_into = DnnLinear, into
+    for _ in range(2):                                                 # twice: dW accumulates over passes
+        x = h.float().requires_grad_(True)
+        logp, ent = fused_head.head_logprobs(head, x, tokens, tau, True, 20)
+        (logp * g_logp.float() + (ent * g_ent.float() if entropy_grad else 0)).sum().backward()
+    assert logp.shape == ent.shape == (37,) and x.grad.shape == (37, 8)
+    assert calls and all(shape[0] % 16 == 0 for shape in calls[:3])   # forward: 16-row chunks, padded
+    with torch.no_grad():
+        nograd = fused_head.head_logprobs(head, h.float(), tokens, tau, True, 20)
+    x64, w64 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    b64 = b.clone().requires_grad_(True) if bias else None
+    want_logp, want_ent = reference(x64, w64, b64, tokens, tau)
+    (want_logp * g_logp + (want_ent * g_ent if entropy_grad else 0)).sum().backward()
+    for got, want in ((logp, want_logp), (ent, want_ent), (nograd[0], want_logp), (nograd[1], want_ent),
+                      (x.grad, x64.grad), (head.weight.grad, 2 * w64.grad)) + (((head.bias.grad, 2 * b64.grad),)
+                                                                                if bias else ()):
+        torch.testing.assert_close(got.double(), want.detach(), rtol=1e-5, atol=1e-5)
+    assert head.weight.grad.abs().max() > 0.1
