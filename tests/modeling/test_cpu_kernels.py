@@ -326,3 +326,22 @@ def test_in_place_embedding_gradient_is_reproducible_and_exact_at_two_threads():
         torch.testing.assert_close(grads[0].double(), expect, atol=1e-4, rtol=1e-5)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_pad_rows_reuses_one_zero_padded_workspace_per_slot(monkeypatch):
+    """pad_rows: x with zero rows appended, in a per-slot workspace reused across calls (stale rows re-zeroed);
+    an exact fit is x itself; an operand over PAD_WORKSPACE_BYTES gets a new tensor."""
+    from grpo.modeling import cpu_kernels
+
+    a = cpu_kernels.pad_rows(torch.full((3, 4), 7.0), 16)
+    assert a.shape == (16, 4) and (a[:3] == 7).all() and not a[3:].any()
+    ptr = a.data_ptr()
+    b = cpu_kernels.pad_rows(torch.full((2, 4), 5.0), 16)                 # same slot: same memory, rows 2-3 zeroed
+    assert b.data_ptr() == ptr and (b[:2] == 5).all() and not b[2:].any()
+    g = cpu_kernels.pad_rows(torch.ones(2, 4), 16, "g")                   # another slot: its own memory
+    assert g.data_ptr() != ptr and (b[:2] == 5).all()
+    x = torch.randn(16, 4)
+    assert cpu_kernels.pad_rows(x, 16) is x
+    monkeypatch.setattr(cpu_kernels, "PAD_WORKSPACE_BYTES", 64)
+    big = cpu_kernels.pad_rows(torch.ones(3, 4), 16)
+    assert big.data_ptr() != ptr and big[:3].all() and not big[3:].any()
