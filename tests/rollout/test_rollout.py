@@ -396,3 +396,21 @@ def test_greedy_ignores_the_keys():
     a = sample(model, ids, mask, seed=1, **kw)
     b = sample(model, ids, mask, seed=2, prompt_index=torch.tensor([5, 9, 100]), **kw)
     assert torch.equal(a.completion_ids, b.completion_ids)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 5, 0.9)])
+def test_scratch_buffers_give_the_same_tokens_and_logprobs(temperature, top_k, top_p):
+    """choose_tokens with a Scratch (buffers reused across steps, viewed at fewer rows as rows finish) picks the
+    same tokens with bit-identical log-probs as without, and reuses its memory."""
+    from grpo.rollout.sampler import Scratch, choose_tokens
+
+    g = torch.Generator().manual_seed(0)
+    scratch = Scratch()
+    for n in (6, 6, 4, 1):
+        logits, u = torch.randn(n, 300, generator=g) * 3, torch.rand(n, generator=g, dtype=torch.float64)
+        want = choose_tokens(logits, temperature, top_k, top_p, u)
+        got = choose_tokens(logits, temperature, top_k, top_p, u, scratch)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        if n == 6:
+            ptr = scratch.buffers["cdf"].data_ptr()
+    assert scratch.buffers["cdf"].data_ptr() == ptr and scratch.buffers["cdf"].dtype == torch.float64
