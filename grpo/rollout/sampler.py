@@ -71,7 +71,10 @@ def draw(probs: torch.Tensor, uniforms: torch.Tensor, cdf_out: torch.Tensor | No
     Shape:
         probs: [n, V], uniforms: [n] float64 -> [n] long
     """
-    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64, out=cdf_out)  # [n, V]
+    if cdf_out is None:
+        cdf = probs.double().cumsum(dim=-1)  # [n, V]
+    else:  # cumsum(dtype=) converts into a new tensor first
+        cdf = cdf_out.copy_(probs).cumsum_(dim=-1)  # [n, V]
     u = uniforms.to(cdf.dtype)[:, None]  # [n, 1]
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [n, 1]
     return tokens.squeeze(-1).clamp_(max=probs.size(-1) - 1)  # [n]

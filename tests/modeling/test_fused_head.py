@@ -225,3 +225,24 @@ def test_float32_onednn_head_equals_the_float64_formula(monkeypatch, bias, into,
                                                                                 if bias else ()):
         torch.testing.assert_close(got.double(), want.detach(), rtol=1e-5, atol=1e-5)
     assert head.weight.grad.abs().max() > 0.1
+
+
+def test_logsumexp_in_place_equals_torchs_and_buffers_are_reused_until_released():
+    """_logsumexp gives torch.logsumexp's values bit for bit (in a scratch buffer, or destroying z), infinite maxima
+    included; the head's CPU buffers are the same memory from call to call until release_buffers."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(7, 301, generator=g) * 5
+    z[3] = float("-inf")
+    z[4, 2] = float("inf")
+    want = torch.logsumexp(z, dim=-1)
+    torch.testing.assert_close(fused_head._logsumexp(z.clone(), torch.empty_like(z)), want, rtol=0, atol=0,
+                               equal_nan=True)
+    torch.testing.assert_close(fused_head._logsumexp(z.clone(), None), want, rtol=0, atol=0, equal_nan=True)
+    head, h = torch.nn.Linear(8, 50), torch.randn(20, 8)
+    fused_head.release_buffers()
+    first = fused_head.head_logprobs(head, h, torch.zeros(20, dtype=torch.long), 1.0, True, 16)
+    ptr = fused_head._HELD.buffers["logits"].data_ptr()
+    again = fused_head.head_logprobs(head, h[:5], torch.zeros(5, dtype=torch.long), 1.0, True, 16)
+    assert fused_head._HELD.buffers["logits"].data_ptr() == ptr and torch.equal(again[0], first[0][:5])
+    fused_head.release_buffers()
+    assert not fused_head._HELD.buffers
