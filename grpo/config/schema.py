@@ -277,10 +277,10 @@ class TrainConfig:
                            "on the 0.8M demo model.")
     grad_in_place: bool = _f(True, "CPU, one process: each linear layer's weight gradient is accumulated into .grad by "
                              "one in-place GEMM per micro-batch instead of a new tensor plus an add (same values; "
-                             "grpo/modeling/cpu_kernels.py GradIntoLinear). Off under torchrun (DDP / FSDP reduce "
-                             "gradients from hooks this skips) and on CUDA. oneDNN-switched linears keep autograd in "
-                             "float32; under train.precision bf16 their bf16 weight gradients are added into the "
-                             "float32 .grad in place.")
+                             "grpo/modeling/grad_in_place.py GradIntoLinear). Off under torchrun (DDP / FSDP reduce "
+                             "gradients from hooks this skips) and on CUDA. oneDNN-switched linears (model.cpu_matmul) add "
+                             "their weight gradients into .grad in row blocks (float32), or their bf16 weight "
+                             "gradients into the float32 .grad (train.precision bf16).")
     logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto: about 32 MiB "
                                  "of float32 logits per chunk, less when train.memory_budget_gib needs it); the full "
                                  "[N, T, vocab] logits never exist.")
