@@ -48,6 +48,22 @@ def test_on_policy_gradient_equals_reinforce_with_group_baseline():
     assert torch.allclose(grads_of(m2), grads_of(m3), atol=1e-7, rtol=1e-5)
 
 
+def test_update_releases_the_lm_heads_kept_buffers():
+    """The one-buffer head keeps its [k, V] buffers between calls on the CPU; policy_update frees them after its
+    last backward pass, so a rollout never holds them."""
+    from grpo.modeling import fused_head
+
+    model = tiny_qwen2()
+    batch = make_batch()
+    fused_head.release_buffers()
+    completion_logprobs(model, batch.input_ids, batch.attention_mask, 5, with_entropy=True)
+    assert {"logits", "probs"} <= set(fused_head._HELD.buffers)            # kept after a call
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    policy_update(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch, AlgorithmConfig(beta=0.0),
+                  temperature=1.0, micro_batch_size=2, max_grad_norm=0.0)
+    assert not fused_head._HELD.buffers
+
+
 @pytest.mark.parametrize("beta,mu", [(0.0, 1), (0.04, 2)])
 def test_micro_batched_update_equals_full_batch(beta, mu):
     batch = make_batch()
