@@ -18,7 +18,6 @@ device-agnostic and autocast sees every product. ``auto`` switches only models a
 from __future__ import annotations
 
 import functools
-import threading
 import time
 import weakref
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, accumulate_grad
+from grpo.modeling.workspace import held
 
 MODES = ("auto", "onednn", "aten")
 
@@ -45,23 +45,13 @@ def padded_rows(m: int) -> int:
     return -(-m // step) * step
 
 
-#: Largest padded operand (bytes) :func:`pad_rows` keeps a workspace for; bigger ones are new tensors.
+#: Largest padded operand (bytes) :func:`pad_rows` keeps a buffer for; bigger ones are new tensors.
 PAD_WORKSPACE_BYTES = 16 * 2 ** 20
 
 
-class _PadWorkspaces(threading.local):
-    """Per thread: one flat buffer per (slot, dtype), grown to the largest padded operand seen."""
-
-    def __init__(self):
-        self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-
-
-_WORKSPACES = _PadWorkspaces()
-
-
 def pad_rows(x: torch.Tensor, rows: int, slot: str = "x") -> torch.Tensor:
-    """`x` with zero rows appended up to `rows` rows, in a reused workspace of this thread (one per `slot`): valid
-    until the next call with the same slot, for an operand read at once and dropped. ``F.pad`` makes a new tensor
+    """`x` with zero rows appended up to `rows` rows, in a reused buffer of this thread (one per `slot`,
+    grpo.modeling.workspace): valid until the next call with the same slot, for an operand read at once and dropped. ``F.pad`` makes a new tensor
     per call and zero-fills all of it: at `train.mmap_threshold_mb` 1 every operand of >= 1 MiB was fresh pages
     from the kernel (qwen2 768-wide update: ~10 % of its time in ``constant_pad_nd``). Operands over
     :data:`PAD_WORKSPACE_BYTES`, or not on the CPU, still go through ``F.pad``.
@@ -71,14 +61,9 @@ def pad_rows(x: torch.Tensor, rows: int, slot: str = "x") -> torch.Tensor:
     m, k = x.shape
     if rows == m:
         return x
-    need = rows * k
-    if x.device.type != "cpu" or need * x.element_size() > PAD_WORKSPACE_BYTES:
+    if x.device.type != "cpu" or rows * k * x.element_size() > PAD_WORKSPACE_BYTES:
         return F.pad(x, (0, 0, 0, rows - m))
-    key = (slot, x.dtype)
-    buf = _WORKSPACES.buffers.get(key)
-    if buf is None or buf.numel() < need:
-        buf = _WORKSPACES.buffers[key] = x.new_empty(need)
-    out = buf[:need].view(rows, k)
+    out = held(f"pad.{slot}", x, (rows, k))
     out[:m].copy_(x)
     out[m:].zero_()
     return out

@@ -26,7 +26,7 @@ has no ``out=``: each product is made in blocks small enough to come from the he
 copied or added into place (logits in vocabulary-column blocks, dL/dW in vocabulary-row blocks), its rows padded
 to a multiple of :data:`ROW_MULTIPLE` so oneDNN builds a kernel for few shapes. Measured on the AVX-512 host at
 V = 151,936, H = 768: logits 270-430 GFLOP/s against MKL's 115-185 into the buffer, dL/dW 230-370 against
-``addmm_``'s 220. The buffers are kept from call to call on the CPU until :func:`release_buffers`.
+``addmm_``'s 220. The buffers are kept from call to call on the CPU (grpo.modeling.workspace).
 And on the CPU under bfloat16 autocast (`train.precision` bf16) for those and the oneDNN-switched DnnLinear, whose
 cast weight the update made once (grpo.modeling.precision.cast_trainable_linears). There the three products run
 in bfloat16 as autocast's would (logits rounded to bfloat16, then upcast into the float32 buffer; dL/dlogits
@@ -37,13 +37,12 @@ chunks.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.nn.functional as F
 
 from grpo.modeling.cpu_kernels import DnnLinear, _dnn, _eligible, add_product_, block_size
 from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad, add_upcast_
+from grpo.modeling.workspace import held
 
 
 def lowp_dtype(hidden: torch.Tensor) -> torch.dtype | None:
@@ -95,7 +94,7 @@ class _Products:
         else:                                            # the update's one cast (DnnLinear.cast_weight), else one here
             self.w = cast if cast is not None and cast.dtype == lowp else head_weight.detach().to(lowp)
             self.b = bias.detach().to(lowp) if bias is not None else None
-            self.low = _buffer("low", head_weight, k, head_weight.shape[0], lowp)
+            self.low = held("head.low", head_weight, (k, head_weight.shape[0]), lowp)
 
     def logits_into(self, buf: torch.Tensor, h: torch.Tensor, temperature: float) -> torch.Tensor:
         """z = (h W^T + b) / tau written into `buf` ([n, V], the first n rows of the workspace)."""
@@ -145,42 +144,12 @@ class _Products:
             add_upcast_(target[v:v + VOCAB_BLOCK], torch.mm(dz[:, v:v + VOCAB_BLOCK].t(), h))
 
 
-class _Held(threading.local):
-    """Per thread: the CPU buffers of :func:`_buffer`, by name."""
-
-    def __init__(self):
-        self.buffers: dict[str, torch.Tensor] = {}
-
-
-_HELD = _Held()
-
-
-def _buffer(name: str, like: torch.Tensor, rows: int, V: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A [rows, V] buffer (stale contents) on `like`'s device, in `dtype` (default `like`'s). On the CPU it is kept
-    for the next call until :func:`release_buffers`: a new [k, V] buffer is fresh pages from the kernel at every
-    call (~12 calls per step; qwen2 768x12 at 32k, with :func:`_logsumexp`: update 3.38 -> 3.1 s). Elsewhere
-    (CUDA's caching allocator reuses memory by itself) a new tensor."""
-    dtype = dtype or like.dtype
-    if like.device.type != "cpu":
-        return like.new_empty(rows, V, dtype=dtype)
-    buf = _HELD.buffers.get(name)
-    if buf is None or buf.shape[0] < rows or buf.shape[1] != V or buf.dtype != dtype:
-        _HELD.buffers.pop(name, None)                                       # freed before the new one is made
-        buf = _HELD.buffers[name] = like.new_empty(rows, V, dtype=dtype)
-    return buf[:rows]
-
-
-def release_buffers() -> None:
-    """Free the buffers this thread's head calls keep (the update calls it after its last backward pass, so the
-    rollout never holds them)."""
-    _HELD.buffers.clear()
-
-
 def _workspace(hidden: torch.Tensor, V: int, chunk: int, with_probs: bool):
     """Rows per chunk k, the [k, V] logits buffer and (`with_probs`) a second one for probabilities, on the
-    hidden states' device and dtype (:func:`_buffer`)."""
+    hidden states' device and dtype, kept between calls on the CPU (grpo.modeling.workspace; qwen2 768x12 at 32k,
+    with :func:`_logsumexp`: update 3.38 -> 3.1 s)."""
     k = max(1, min(chunk, hidden.shape[0]))
-    return k, _buffer("logits", hidden, k, V), _buffer("probs", hidden, k, V) if with_probs else None
+    return k, held("head.logits", hidden, (k, V)), held("head.probs", hidden, (k, V)) if with_probs else None
 
 
 def _logsumexp(z: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:

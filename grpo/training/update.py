@@ -14,8 +14,8 @@ import torch
 
 from grpo.algorithms.schedule import lr_factor
 from grpo.config import AlgorithmConfig, OptimConfig
-from grpo.modeling.fused_head import release_buffers
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
+from grpo.modeling.workspace import release as release_workspaces
 from grpo.algorithms.loss import AGGREGATIONS, grpo_loss, logprob_gap
 from grpo.algorithms.stabilisers import off_policy_sequence_mask, rollout_correction_weights
 from grpo.modeling.precision import active_dtype, cast_frozen_linears, cast_trainable_linears, loss_scaler, paused
@@ -209,7 +209,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
             clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
             ent_loss, high = ent_loss + terms.entropy_term, high + terms.clipped_high_sum
             ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
-    release_buffers()                  # the LM head's reused buffers: not held through the optimizer step or rollout
+    release_workspaces()               # the LM head's and padding's kept buffers: not through the optimizer step or rollout
     if amp is not None:
         torch.clear_autocast_cache()   # free the weights' casts before the step's peak (and they would be stale)
     loss, policy, kl_loss, kl_sum, clipped, high, dual, tokens, ent_sum, ent_loss = par.reduce(

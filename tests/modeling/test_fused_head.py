@@ -5,7 +5,7 @@ not divide the tokens, in-place weight gradients and tied weights; and where it 
 import pytest
 import torch
 
-from grpo.modeling import cpu_kernels, fused_head
+from grpo.modeling import cpu_kernels, fused_head, workspace
 from grpo.modeling.cpu_kernels import DnnLinear, onednn_works
 from grpo.modeling.grad_in_place import GradIntoLinear
 from grpo.modeling.logprobs import chunked_head
@@ -229,7 +229,7 @@ def test_float32_onednn_head_equals_the_float64_formula(monkeypatch, bias, into,
 
 def test_logsumexp_in_place_equals_torchs_and_buffers_are_reused_until_released():
     """_logsumexp gives torch.logsumexp's values bit for bit (in a scratch buffer, or destroying z), infinite maxima
-    included; the head's CPU buffers are the same memory from call to call until release_buffers."""
+    included; the head's CPU buffers are the same memory from call to call until workspace.release."""
     g = torch.Generator().manual_seed(0)
     z = torch.randn(7, 301, generator=g) * 5
     z[3] = float("-inf")
@@ -239,10 +239,10 @@ def test_logsumexp_in_place_equals_torchs_and_buffers_are_reused_until_released(
                                equal_nan=True)
     torch.testing.assert_close(fused_head._logsumexp(z.clone(), None), want, rtol=0, atol=0, equal_nan=True)
     head, h = torch.nn.Linear(8, 50), torch.randn(20, 8)
-    fused_head.release_buffers()
+    workspace.release()
     first = fused_head.head_logprobs(head, h, torch.zeros(20, dtype=torch.long), 1.0, True, 16)
-    ptr = fused_head._HELD.buffers["logits"].data_ptr()
+    ptr = workspace.held("head.logits", h, (16, 50)).data_ptr()
     again = fused_head.head_logprobs(head, h[:5], torch.zeros(5, dtype=torch.long), 1.0, True, 16)
-    assert fused_head._HELD.buffers["logits"].data_ptr() == ptr and torch.equal(again[0], first[0][:5])
-    fused_head.release_buffers()
-    assert not fused_head._HELD.buffers
+    assert workspace.held("head.logits", h, (5, 50)).data_ptr() == ptr and torch.equal(again[0], first[0][:5])
+    workspace.release()
+    assert not workspace.held_names()

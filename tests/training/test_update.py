@@ -51,17 +51,17 @@ def test_on_policy_gradient_equals_reinforce_with_group_baseline():
 def test_update_releases_the_lm_heads_kept_buffers():
     """The one-buffer head keeps its [k, V] buffers between calls on the CPU; policy_update frees them after its
     last backward pass, so a rollout never holds them."""
-    from grpo.modeling import fused_head
+    from grpo.modeling import workspace
 
     model = tiny_qwen2()
     batch = make_batch()
-    fused_head.release_buffers()
+    workspace.release()
     completion_logprobs(model, batch.input_ids, batch.attention_mask, 5, with_entropy=True)
-    assert {"logits", "probs"} <= set(fused_head._HELD.buffers)            # kept after a call
+    assert {"head.logits", "head.probs"} <= workspace.held_names()         # kept after a call
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     policy_update(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch, AlgorithmConfig(beta=0.0),
                   temperature=1.0, micro_batch_size=2, max_grad_norm=0.0)
-    assert not fused_head._HELD.buffers
+    assert not workspace.held_names()
 
 
 @pytest.mark.parametrize("beta,mu", [(0.0, 1), (0.04, 2)])
