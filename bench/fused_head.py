@@ -3,7 +3,7 @@
     .venv/bin/python bench/fused_head.py [--shapes h64-l2,base,vocab152k] [--rounds 5]
 
 For each shape of bench/grid.py (a random Qwen2; 16 rows x (24 prompt + 64 completion) tokens, 2 threads, the
-trainer's CPU setup: `model.cpu_matmul: auto`, in-place weight gradients, glibc's mmap threshold at 1 MiB), one
+trainer's CPU setup: `model.cpu_matmul: auto`, in-place weight gradients, glibc's mmap threshold as `train.mmap_threshold_mb` sets it), one
 process alternates the two heads `--rounds` times over two passes as the trainer runs them: the update's
 forward+backward (log-probs and entropies through grpo.modeling.logprobs.completion_logprobs, rows in the
 default token-budget micro-batches) and the reference pass (the same without autograd). Reports the median
@@ -29,6 +29,7 @@ def measure(shape: str, rounds: int) -> dict:
 
     from bench.common import PeakRSS, median
     from bench.grid import build_model, point_spec
+    from grpo.config import build_config
     from grpo.modeling import fused_head
     from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
     from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
@@ -36,7 +37,7 @@ def measure(shape: str, rounds: int) -> dict:
     from grpo.training.update import micro_batch_tokens
 
     torch.set_num_threads(2)
-    set_mmap_threshold(1)
+    set_mmap_threshold(build_config().train.mmap_threshold_mb)      # as grpo train
     p = point_spec(shape)
     model, _ = load_policy(str(build_model(p["hidden"], p["layers"], p["vocab"])))
     use_cpu_matmul(model, "auto", grad_in_place=True)

@@ -95,7 +95,7 @@ from grpo.training.update import build_optimizer, policy_update
 from grpo.types import TrainBatch
 
 model_dir, L, ckpt, lean = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on", sys.argv[5] == "on"
-set_mmap_threshold(1)                                   # as grpo train (train.mmap_threshold_mb)
+set_mmap_threshold(build_config().train.mmap_threshold_mb)   # as grpo train
 rss = PeakRSS()
 model, _ = load_policy(model_dir)
 use_lean_layers(model, lean)                            # train.lean_layers

@@ -6,16 +6,17 @@ micro-batch size (issue 22, item 3).
 One forward+backward of the qwen2-100m fixture (bench/common.py) over 16 rows x (24 prompt + 64 completion)
 tokens, as the update runs it: log-probs and entropy of the completion tokens through the chunked LM head,
 rows in token-budget micro-batches (grpo.modeling.logprobs.bucketed_micro_batches), gradients accumulated,
-2 threads, `model.cpu_matmul: auto`, glibc's mmap threshold as `grpo train` sets it (train.mmap_threshold_mb = 1)
-unless a configuration says otherwise. Configurations, each a fresh process, alternating over `--rounds`:
+2 threads, `model.cpu_matmul: auto`, glibc's own mmap threshold as `grpo train` leaves it (train.mmap_threshold_mb = 0,
+the default since 2026-11-25) unless a configuration says otherwise. Configurations, each a fresh process, alternating over `--rounds`:
 
 * autograd-256: stock Hugging Face layers, weight gradients through autograd (train.grad_in_place false),
-  256-token micro-batches: the defaults before 2026-11-25;
+  256-token micro-batches, mmap threshold 1 MiB: the defaults before 2026-11-25;
 * default-256: the defaults: weight gradients accumulated in place (train.grad_in_place, GradIntoLinear),
-  the default micro-batch (256 tokens);
+  the default micro-batch (256 tokens), glibc's own mmap threshold;
+* mmap1-256: the same with train.mmap_threshold_mb = 1 (the default before 2026-11-25);
 * lean-256: the same with train.lean_layers (grpo/modeling/lean_layers.py);
 * default-704 / lean-704: 704-token micro-batches (8 rows);
-* default-704-heap: the same with train.mmap_threshold_mb = 0 (glibc's own, dynamic threshold);
+* default-704-mmap1: the same with train.mmap_threshold_mb = 1;
 * hf-full: a plain Hugging Face forward+backward of the whole batch at once (full logits, log-softmax,
   stock layers and aten linears, glibc's own threshold): the issue's reference point.
 
@@ -39,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 #: name: (train.lean_layers, micro-batch tokens (-1: the whole batch in one plain pass), train.mmap_threshold_mb,
 #: train.grad_in_place)
-CONFIGS = {"autograd-256": (False, 256, 1, False), "default-256": (False, 0, 1, True), "lean-256": (True, 0, 1, True),
-           "default-704": (False, 704, 1, True), "lean-704": (True, 704, 1, True),
-           "default-704-heap": (False, 704, 0, True), "hf-full": (False, -1, 0, False)}
+CONFIGS = {"autograd-256": (False, 256, 1, False), "default-256": (False, 0, 0, True), "mmap1-256": (False, 0, 1, True),
+           "lean-256": (True, 0, 0, True), "default-704": (False, 704, 0, True), "lean-704": (True, 704, 0, True),
+           "default-704-mmap1": (False, 704, 1, True), "hf-full": (False, -1, 0, False)}
 ROWS, PROMPT, NEW = 16, 24, 64
 
 

@@ -372,13 +372,17 @@ def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto", grad_in_place: bo
 
 def set_mmap_threshold(megabytes: float) -> bool:
     """glibc only: serve host allocations of >= `megabytes` MiB by mmap (`train.mmap_threshold_mb`; fractions
-    allowed, 0.25 = 256 KiB).
+    allowed, 0.25 = 256 KiB). Off by default (0).
 
-    glibc raises its mmap threshold to 32 MiB after the first large free, so later activation
-    tensors come from the heap and freed ones stay resident (fragmentation): the peak RSS of a 100M
-    GRPO step grew by 450 MiB over three steps. A fixed threshold returns each freed tensor to the OS
-    at once (measured: -200 MiB peak at 100M). 0, a non-glibc libc, or a user-set
-    MALLOC_MMAP_THRESHOLD_ leave the allocator alone. Returns True when the threshold was set.
+    glibc's own threshold starts at 128 KiB and rises to the size of the largest freed mmapped block (at most
+    32 MiB), so after the first step most activations come from its heap and freed ones stay resident for reuse.
+    A fixed threshold instead returns each freed tensor of that size to the OS at once, and every new one is
+    fresh pages from the kernel, zero-filled on first touch. On the earliest trainer (before in-place gradients
+    and kept workspaces) glibc's own threshold let a 100M step's peak RSS grow by 450 MiB over three steps, and
+    1 MiB was the default. Measured again on 2026-11-25 (AVX-512 host, bench/grid.py shapes, docs/performance.md):
+    the same peak (-40 to +55 MiB over 3-12 steps) and steps 2-3 5-20 % faster without it (fresh pages are slow to
+    fault in on a VM), so 0 became the default. 0, a non-glibc libc, or a user-set MALLOC_MMAP_THRESHOLD_ leave the
+    allocator alone. Returns True when the threshold was set.
     """
     import ctypes
     import os

@@ -165,14 +165,14 @@ def test_mmap_threshold_is_left_alone_when_off_or_user_set(monkeypatch):
     if ctypes.util.find_library("c") and "libc.so.6" in (ctypes.util.find_library("c") or ""):
         assert set_mmap_threshold(1) is True                                  # glibc accepts it
         assert set_mmap_threshold(0.25) is True                               # 256 KiB
-        assert set_mmap_threshold(1) is True                                  # back to the default
+        assert set_mmap_threshold(1) is True                                  # the default before 2026-11-25
 
 
 def test_mmap_threshold_takes_fractions_of_a_mib():
     from grpo.config import ConfigError, build_config
 
     assert build_config(overrides={"train.mmap_threshold_mb": "0.25"}).train.mmap_threshold_mb == 0.25
-    assert build_config().train.mmap_threshold_mb == 1.0
+    assert build_config().train.mmap_threshold_mb == 0.0                  # glibc's own threshold by default
     with pytest.raises(ConfigError, match="train.mmap_threshold_mb"):
         build_config(overrides={"train.mmap_threshold_mb": -0.5})
 

@@ -41,7 +41,7 @@ def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
 
     tok = build_tokenizer()
     cfg = build_config(overrides={"model.cpu_matmul": "onednn", "train.num_threads": 1,
-                                  "train.micro_batch_tokens": 0})
+                                  "train.micro_batch_tokens": 0, "train.mmap_threshold_mb": 1})
     calls = []
     monkeypatch.setattr(kernels, "set_mmap_threshold", lambda mb: calls.append(("mmap", mb)))
     cpu = CpuRuntime(torch.device("cpu"), cfg)
