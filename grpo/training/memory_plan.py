@@ -51,13 +51,14 @@ EXTRA_VALUES_PER_HIDDEN = 4.0
 #: float32 copies per logit of one LM-head chunk alive at once (logits, log-softmax, its exp or gradient).
 HEAD_COPIES = 3
 #: The allowance for what a process holds after its first step beyond every term above: freed activations kept
-#: by glibc's heap (tensors under `train.mmap_threshold_mb` come from its arenas, which fragment), small
-#: allocations and library workspaces. Measured on CPU (2026-11-25, bench/grid.py shapes, full fine-tuning,
-#: default micro-batches; peak RSS per phase against the estimate without it): 7-110 MiB at 2.2M-38.6M
-#: parameters, 82-157 MiB at 100.7M, 503 MiB at 299.5M (update phase). RUNTIME_BYTES + RUNTIME_BYTES_PER_PARAM
-#: x trainable parameters covers each (45-243 MiB to spare in the update).
+#: by glibc's heap for reuse, small allocations and library workspaces. Measured on CPU (2026-11-25, bench/grid.py
+#: shapes, full fine-tuning, default micro-batches; peak RSS per phase against the estimate without it), at the
+#: 1 MiB `train.mmap_threshold_mb` of the time: 7-110 MiB at 2.2M-38.6M parameters, 82-157 MiB at 100.7M, 503 MiB
+#: at 299.5M (update phase); 128 MiB + 2 bytes per parameter covered each. With glibc's own threshold (the default
+#: since) the heap keeps more at long rows: 3537 MiB measured at 100.7M with 1036-token micro-batches (G = 8,
+#: 1024 new tokens) against 3482 MiB estimated with 2 bytes, so 4 bytes per trainable parameter (~140 MiB to spare).
 RUNTIME_BYTES = 128 * 2 ** 20
-RUNTIME_BYTES_PER_PARAM = 2
+RUNTIME_BYTES_PER_PARAM = 4
 #: The smallest LM-head chunk the planner tries (tokens).
 MIN_CHUNK = 16
 #: Default tokens per LM-head chunk: about 2**23 float32 logits (32 MiB), as grpo.modeling.logprobs.
