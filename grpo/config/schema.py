@@ -256,10 +256,10 @@ class TrainConfig:
                                "row limit (train.micro_batch_tokens still applies).")
     mmap_threshold_mb: float = _f(0.0, "glibc: host allocations >= this many MiB come from mmap, fresh pages from the "
                                   "kernel each time, and go back to the OS when freed. 0 (default) = glibc's own "
-                                  "dynamic threshold: on the shape grid it ran steps 2-3 5-20 % faster than 1 at the "
-                                  "same peak RSS (-40 to +55 MiB), the same from step 4 on at 100M "
-                                  "(docs/performance.md). 1 or 0.25 (256 KiB) fix the threshold, for a heap that "
-                                  "fragments.")
+                                  "dynamic threshold: on the shape grid it ran steps 2-3 5-20 % faster than 1 at about the "
+                                  "same peak RSS (-76 to +55 MiB; +281 MiB at 1024 new tokens), the same from step 4 "
+                                  "on at 100M (docs/performance.md). 1 or 0.25 (256 KiB) fix the threshold, for a "
+                                  "heap that fragments.")
     micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
                                  "2**20 / (hidden_size x num_layers), at least 256 (~150 MiB of activations); "

@@ -380,8 +380,8 @@ def set_mmap_threshold(megabytes: float) -> bool:
     fresh pages from the kernel, zero-filled on first touch. On the earliest trainer (before in-place gradients
     and kept workspaces) glibc's own threshold let a 100M step's peak RSS grow by 450 MiB over three steps, and
     1 MiB was the default. Measured again on 2026-11-25 (AVX-512 host, bench/grid.py shapes, docs/performance.md):
-    the same peak (-40 to +55 MiB over 3-12 steps) and steps 2-3 5-20 % faster without it (fresh pages are slow to
-    fault in on a VM), so 0 became the default. 0, a non-glibc libc, or a user-set MALLOC_MMAP_THRESHOLD_ leave the
+    about the same peak (-76 to +55 MiB over 3-12 steps; +281 MiB with 1036-token micro-batches) and steps 2-3
+    5-20 % faster without it (fresh pages are slow to fault in on a VM), so 0 became the default. 0, a non-glibc libc, or a user-set MALLOC_MMAP_THRESHOLD_ leave the
     allocator alone. Returns True when the threshold was set.
     """
     import ctypes
