@@ -126,8 +126,13 @@ def no_update(h: History, cfg: Config) -> Finding | None:
 
 @rule("entropy_collapse")
 def entropy_collapse(h: History, cfg: Config) -> Finding | None:
-    """W10 entropy far below its baseline: the policy stopped exploring."""
+    """W10 entropy far below its baseline: the policy stopped exploring. When B itself is already below the
+    critical share of the first steps' entropy (E0, the median of steps 1..baseline_from - 1: the entropy
+    collapsed before or inside the baseline window), E0 is the baseline instead."""
     base, now = _base(h, cfg, "policy/entropy"), nanmean(h.last("policy/entropy", 10))
+    early = h.baseline("policy/entropy", 1, cfg.health.baseline_from - 1)
+    if early > 0 and not base >= cfg.health.entropy_collapse_critical * early:
+        base = early
     if not (base > 0 and now == now):
         return None
     if now < cfg.health.entropy_collapse_critical * base:

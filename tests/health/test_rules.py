@@ -69,6 +69,9 @@ def test_demo_history_stays_silent_at_every_step():
     ("entropy_collapse", {"policy/entropy": lambda s: 0.5 if s <= 40 else 0.08,
                           "reward/accuracy/mean": 0.5}, "warn"),
     ("entropy_collapse", {"policy/entropy": lambda s: 0.5 if s <= 40 else 0.02}, "critical"),
+    # gone before the baseline window (B ~ 0, a 300x learning rate on an AMX host): against steps 1..9 instead
+    ("entropy_collapse", {"policy/entropy": lambda s: 0.25 if s < 10 else 7e-5}, "critical"),
+    ("entropy_collapse", {"policy/entropy": lambda s: 0.25 if s < 10 else 0.0}, "critical"),
     ("entropy_blowup", {"policy/entropy": lambda s: 0.5 if s <= 40 else 1.0 + 0.1 * (s - 40)}, "warn"),
     ("entropy_blowup", {"policy/entropy": lambda s: 0.5 if s <= 40 else 1.0 + 0.1 * (s - 40),
                         "reward/accuracy/mean": lambda s: 0.5 if s <= 40 else 0.5 - 0.02 * (s - 40)}, "critical"),
@@ -100,6 +103,11 @@ def test_rule_fires_on_its_failure(rule, columns, severity):
     assert f.severity == severity
     assert f.step == 60 and f.keys and all("." in k for k in f.keys)          # advice names config keys
     assert any(k in f.advice for k in f.keys)
+
+
+def test_entropy_collapse_keeps_its_window_baseline_when_the_entropy_was_there_in_it():
+    # steps 1..9 at 0.5, the baseline window at 0.06 (12 % of that, above the critical 10 %), then steady: silent
+    assert "entropy_collapse" not in fired(healthy(**{"policy/entropy": lambda s: 0.5 if s < 10 else 0.06}))
 
 
 def test_clip_saturation_on_a_flow_run_names_the_flow_keys():
