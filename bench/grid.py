@@ -121,16 +121,21 @@ def memory_cap_mb() -> float:
     return 0.85 * total_kb / 1024
 
 
+def run_child(python: str, code: str, spec: dict) -> subprocess.CompletedProcess:
+    """`code` in a fresh `python` process under the RSS guard, with `spec` (its threads resolved) as argv[1]."""
+    threads = spec["threads"] or (os.cpu_count() or 1)         # torch's default: one per core
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    child = {**spec, "threads": threads}
+    code = GUARD.replace("CAP_MB", f"{memory_cap_mb():.0f}") + code
+    return subprocess.run([python, "-c", code, json.dumps(child)], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
 def run(side: str, spec: dict) -> dict:
     """One run in a fresh process (ours: also the rollout-vs-generate timing)."""
     from bench.trl_compare import OURS_TRAIN, TRL, TRL_PYTHON
 
     python = str(TRL_PYTHON) if side == "trl" else sys.executable
-    threads = spec["threads"] or (os.cpu_count() or 1)         # torch's default: one per core
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
-    child = {**spec, "threads": threads}
-    code = GUARD.replace("CAP_MB", f"{memory_cap_mb():.0f}") + (TRL if side == "trl" else OURS_TRAIN + OURS_TAIL)
-    proc = subprocess.run([python, "-c", code, json.dumps(child)], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = run_child(python, TRL if side == "trl" else OURS_TRAIN + OURS_TAIL, spec)
     if proc.returncode != 0 and side == "trl":          # TRL's own limit (e.g. its peak beyond this machine's memory)
         reason = ("killed by signal 9 (the kernel's out-of-memory killer)" if proc.returncode == -9 else
                   (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1][:300])

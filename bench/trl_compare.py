@@ -50,7 +50,7 @@ cfg = build_config(overrides={
     "optim.weight_decay": 0.0, "optim.max_grad_norm": 1.0, "optim.lr_scheduler": "constant",
     "train.prompts_per_step": spec["prompts"], "train.micro_batch_size": 0, "train.max_steps": spec["steps"],
     "train.num_threads": spec["threads"], "train.output_dir": spec["out"], "train.save_final": False,
-    "log.progress_bar": False})
+    "log.progress_bar": False, **spec.get("overrides", {})})
 result = train(cfg)
 """
 OURS = OURS_TRAIN + r"""

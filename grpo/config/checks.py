@@ -147,6 +147,11 @@ def validate(cfg: Config) -> None:
          f"train.memory_budget_gib must be a finite number >= 0 (0 = auto), got {cfg.train.memory_budget_gib}"),
         (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
          "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
+        (cfg.train.ref_offload in ("auto", "none", "disk", "cpu"),
+         f"train.ref_offload must be auto | none | disk | cpu, got '{cfg.train.ref_offload}'"),
+        (cfg.train.ref_offload in ("auto", "none") or not cfg.algorithm.ref_update_steps,
+         f"train.ref_offload={cfg.train.ref_offload} needs algorithm.ref_update_steps = 0 (a refreshed reference "
+         "stays in memory): set train.ref_offload none or auto"),
         (cfg.train.save_total_limit >= 0, "train.save_total_limit must be >= 0"),
         (cfg.train.max_bad_steps >= 0, "train.max_bad_steps must be >= 0 (0 = never stop)"),
         (cfg.train.parallel in ("ddp", "fsdp2"), "train.parallel must be ddp | fsdp2"),

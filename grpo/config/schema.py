@@ -282,6 +282,14 @@ class TrainConfig:
                              "gradients from hooks this skips) and on CUDA. oneDNN-switched linears (model.cpu_matmul) add "
                              "their weight gradients into .grad in row blocks (float32), or their bf16 weight "
                              "gradients into the float32 .grad (train.precision bf16).")
+    ref_offload: str = _f("auto", "Where the frozen reference policy's weights (beta > 0, full fine-tuning) stay "
+                          "between reference passes: none (in memory with the policy) | disk (an unnamed temporary "
+                          "file in the system's temporary directory, read back for each reference pass, bit-identical; "
+                          "the OS page cache serves the reads while memory is free) | cpu (host memory, copied to the "
+                          "GPU for each pass) | auto (CPU: disk when the reference's weights are >= 64 MiB, else none; "
+                          "CUDA: none). Off the step's peak: the update holds the gradients, the reference pass "
+                          "does not. Needs algorithm.ref_update_steps = 0 (auto keeps a refreshed reference in "
+                          "memory).")
     logprob_chunk_size: int = _f(0, "Tokens per LM-head chunk when computing log-probs (0 = auto: about 32 MiB "
                                  "of float32 logits per chunk, less when train.memory_budget_gib needs it); the full "
                                  "[N, T, vocab] logits never exist.")

@@ -10,6 +10,7 @@ with the square of the length: attention runs in torch's fused kernels, the LM h
 
     rollout    in_use + slack + moments + KV cache (2 L kv d values per token: B P + N T tokens) + its weight copies
     reference  in_use + slack + moments + M tokens x no-grad activations (one layer at a time) + LM-head chunk
+               (+ the reference's weights, loaded for this phase only, when train.ref_offload keeps them elsewhere)
     update     in_use + slack + moments + gradients + M tokens x stored activations + LM-head chunk
 
 with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row),
@@ -85,6 +86,7 @@ class ModelShape:
     lean_layers: bool = False      # the MLPs save fewer activations (grpo.modeling.lean_layers; float32 only)
     packed_rollout: bool = False   # the rollout packs every projection and the head (CPU float32 / native bf16)
     slack_bytes: int = 0           # runtime_allowance(trainable_params), set by grpo.training.runtime.model_shape
+    offloaded_ref_bytes: int = 0   # a reference kept in a file or host memory (train.ref_offload), loaded for its pass
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpoin
     no_grad = (NO_GRAD_VALUES[0] * m.hidden + NO_GRAD_VALUES[1] * m.intermediate) * m.act_bytes
     head = head_bytes(m, chunk, M)
     return {"rollout": base + kv_cache_bytes(m, s) + fused_weight_bytes(m),
-            "reference": base + int(M * no_grad) + head,
+            "reference": base + m.offloaded_ref_bytes + int(M * no_grad) + head,
             "update": base + gradient_bytes(m) + int(M * stored_values_per_token(m, checkpointing) * m.act_bytes)
             + head}
 

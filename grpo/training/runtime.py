@@ -17,6 +17,8 @@ memory budget          auto: RSS + 80% of min(MemAvailable,           auto: allo
                        cgroup room) (`train.memory_budget_gib`)    mem_get_info's free memory
 attention kernel       as loaded (sdpa)                            `model.attn_implementation`
 memory metric          none (bench/memory.py measures RSS)         memory/peak_allocated_gib (per step)
+reference weights      auto: in a file between reference passes    auto: on the device
+                       when >= 64 MiB (`train.ref_offload`)
 =====================  ==========================================  ====================================
 
 The CUDA runtime is written against torch's documented CUDA API but could not be run here (no GPU
@@ -117,6 +119,10 @@ class CpuRuntime:
         """The update's micro-batch tokens, checkpointing and LM-head chunk for the budget (grpo.training.memory_plan)."""
         return plan_for(self, model, prompt_tokens)
 
+    def ref_offload(self, model: torch.nn.Module) -> str:
+        """`train.ref_offload` for this run; auto = disk for a full reference copy of >= REF_OFFLOAD_MIN_BYTES."""
+        return resolve_ref_offload(self.cfg, model, "disk")
+
     def reset_memory_stats(self) -> None:
         pass
 
@@ -159,6 +165,10 @@ class CudaRuntime:
     def memory_plan(self, model: torch.nn.Module, prompt_tokens: int):
         return plan_for(self, model, prompt_tokens)
 
+    def ref_offload(self, model: torch.nn.Module) -> str:
+        """`train.ref_offload` for this run; auto = none (the reference stays on the device)."""
+        return resolve_ref_offload(self.cfg, model, "none")
+
     def reset_memory_stats(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -168,6 +178,23 @@ class CudaRuntime:
 
 
 RUNTIMES = {"cpu": CpuRuntime, "cuda": CudaRuntime}
+
+#: `train.ref_offload: auto` offloads a reference copy of at least this many bytes (a smaller one saves less
+#: than the runtime's own run-to-run spread in peak RSS).
+REF_OFFLOAD_MIN_BYTES = 64 * 2 ** 20
+
+
+def resolve_ref_offload(cfg: Config, model: torch.nn.Module, auto_choice: str) -> str:
+    """`train.ref_offload` as given, or for auto: `auto_choice` when the run builds a full frozen reference copy
+    (beta > 0, no LoRA, algorithm.ref_update_steps = 0) of at least REF_OFFLOAD_MIN_BYTES, else none."""
+    from grpo.modeling.lora import is_lora
+    from grpo.modeling.offload import tensor_bytes, unique_parameters
+
+    mode = cfg.train.ref_offload
+    if mode != "auto":
+        return mode
+    full_copy = cfg.algorithm.beta > 0 and not cfg.algorithm.ref_update_steps and not is_lora(model)
+    return auto_choice if full_copy and tensor_bytes(unique_parameters(model)) >= REF_OFFLOAD_MIN_BYTES else "none"
 
 #: The share of the memory still available that the default budget (`train.memory_budget_gib = 0`) may use:
 #: the rest is left to the other processes, the page cache and the estimate's error.
@@ -229,9 +256,12 @@ def configured_budget(cfg: Config) -> int:
     return int(cfg.train.memory_budget_gib * 2 ** 30)
 
 
-def model_shape(model: torch.nn.Module, act_bytes: int, compute_dtype: torch.dtype | None = None):
+def model_shape(model: torch.nn.Module, act_bytes: int, compute_dtype: torch.dtype | None = None,
+                offloaded_ref: bool = False):
     """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters;
-    `compute_dtype`: autocast's dtype (`train.precision`), None for the parameters' own."""
+    `compute_dtype`: autocast's dtype (`train.precision`), None for the parameters' own; `offloaded_ref`: the
+    reference's weights (counted at the policy's size) are loaded for the reference phase (`train.ref_offload`)."""
+    from grpo.modeling.offload import tensor_bytes, unique_parameters
     from grpo.modeling.cpu_kernels import can_prepack
     from grpo.modeling.lean_layers import lean_mlps
     from grpo.training.memory_plan import ModelShape, runtime_allowance
@@ -252,7 +282,8 @@ def model_shape(model: torch.nn.Module, act_bytes: int, compute_dtype: torch.dty
                       param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes,
                       lean_layers=act_bytes == 4 and lean_mlps(model) > 0,
                       packed_rollout=bool(trainable) and can_prepack(trainable[0].device,
-                                                                     compute_dtype or trainable[0].dtype))
+                                                                     compute_dtype or trainable[0].dtype),
+                      offloaded_ref_bytes=tensor_bytes(unique_parameters(model)) if offloaded_ref else 0)
 
 
 def step_shape(cfg: Config, prompt_tokens: int):
@@ -273,7 +304,7 @@ def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int):
 
     cfg = runtime.cfg
     lowp = autocast_dtype(cfg.train.precision)
-    shape = model_shape(model, 2 if lowp is not None else 4, lowp)
+    shape = model_shape(model, 2 if lowp is not None else 4, lowp, runtime.ref_offload(model) != "none")
     return plan_memory(shape, step_shape(cfg, prompt_tokens), in_use=runtime.memory_in_use(),
                        budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
                        micro_batch_tokens=cfg.train.micro_batch_tokens,

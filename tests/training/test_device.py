@@ -108,6 +108,15 @@ def test_full_finetuning_with_reference_copy_runs_on_a_meta_default_device(tmp_p
     assert saved and all(torch.equal(saved[k], state[k]) for k in saved)  # real weights, not meta
 
 
+@pytest.mark.parametrize("mode", ["disk", "cpu"])
+def test_an_offloaded_reference_runs_on_a_meta_default_device(tmp_path, mode):
+    tok = build_tokenizer()
+    model = build_model(tok, "micro", seed=0)
+    before, result, records = run_on_meta_default(tmp_path, model, tok, **{"train.ref_offload": mode})
+    assert result.steps == 2 and records[-1]["kl/mean"] is not None and records[-1]["kl/mean"] >= 0
+    assert changed(before, result.model)
+
+
 def test_lora_runs_on_a_meta_default_device(tmp_path):
     tok = build_tokenizer()
     model = build_model(tok, "micro", seed=0)

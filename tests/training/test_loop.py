@@ -31,7 +31,7 @@ def test_beta_zero_has_no_reference_and_mu_two_reuses_the_batch(tmp_path, monkey
 
     copies, batches = [], []
     real_build = trainer_module.build_reference
-    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta, dt=None: copies.append(real_build(m, beta, dt)) or copies[-1])
+    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta, dt=None, **kw: copies.append(real_build(m, beta, dt, **kw)) or copies[-1])
     real_update = trainer_module.policy_update
     monkeypatch.setattr(trainer_module, "policy_update", lambda m, o, s, batch, *a, **k: batches.append(batch)
                         or real_update(m, o, s, batch, *a, **k))
@@ -88,12 +88,30 @@ def test_every_preset_trains(tmp_path, preset):
         assert records[0]["kl/reward_penalty_mean"] is not None and records[0]["kl/mean"] is None
 
 
+def test_reference_offloaded_to_disk_trains_bit_identically(tmp_path, monkeypatch):
+    import grpo.training.loop as trainer_module
+    from grpo.modeling.reference import FrozenCopy, OffloadedCopy
+
+    refs = []
+    real_build = trainer_module.build_reference
+    monkeypatch.setattr(trainer_module, "build_reference",
+                        lambda m, beta, dt=None, **kw: refs.append(real_build(m, beta, dt, **kw)) or refs[-1])
+    reward_file = digits_reward_file(tmp_path)
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("time/", "rollout/tokens"))}  # noqa: E731
+    _, a, ra = run(tmp_path / "a", reward_file, **{"train.ref_offload": "none"})
+    _, b, rb = run(tmp_path / "b", reward_file, **{"train.ref_offload": "disk"})
+    assert type(refs[0]) is FrozenCopy and type(refs[1]) is OffloadedCopy
+    assert all(p.numel() == 0 for p in refs[1].offloaded.module.parameters())   # still not resident after the run
+    assert ra[0]["kl/mean"] is not None and [drop(r) for r in ra] == [drop(r) for r in rb]
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
+
+
 def test_reference_refresh_follows_the_policy(tmp_path, monkeypatch):
     import grpo.training.loop as trainer_module
 
     refs = []
     real_build = trainer_module.build_reference
-    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta, dt=None: refs.append(real_build(m, beta, dt)) or refs[-1])
+    monkeypatch.setattr(trainer_module, "build_reference", lambda m, beta, dt=None, **kw: refs.append(real_build(m, beta, dt, **kw)) or refs[-1])
     _, result, _ = run(tmp_path, digits_reward_file(tmp_path), **{"algorithm.ref_update_steps": 2,
                                                                    "algorithm.ref_mix_alpha": 1.0})
     # refreshed after step 2 (the last): the reference now equals the trained policy

@@ -55,6 +55,15 @@ def test_the_runtime_allowance_adds_to_every_phase():
     assert {k: more[k] - plain[k] for k in plain} == dict.fromkeys(plain, 134_257_728)
 
 
+def test_an_offloaded_reference_counts_in_the_reference_phase_only():
+    off = dataclasses.replace(M, offloaded_ref_bytes=40_000)               # train.ref_offload: loaded for its pass
+    plain, more = phase_bytes(M, S, IN_USE, 64, False, 64), phase_bytes(off, S, IN_USE, 64, False, 64)
+    assert {k: more[k] - plain[k] for k in plain} == {"rollout": 0, "reference": 40_000, "update": 0}
+    model = tiny_qwen2().float()
+    n = sum(p.numel() for p in model.parameters())
+    assert model_shape(model, 4, None, True).offloaded_ref_bytes == 4 * n and model_shape(model, 4).offloaded_ref_bytes == 0
+
+
 def test_model_shape_sets_the_allowance_from_trainable_parameters():
     model = tiny_qwen2().float()
     n = sum(p.numel() for p in model.parameters())
@@ -157,7 +166,7 @@ def test_tight_budget_picks_checkpointing_and_the_update_is_unchanged(monkeypatc
         "train.memory_budget_gib": on / 2 ** 30, "rollout.max_new_tokens": T, "rollout.num_generations": 2,
         "train.prompts_per_step": 2}))                                    # the budget: exactly the plan we expect
     monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 0)
-    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b, d=None: shape)   # float64: 8-byte activations
+    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b, d=None, r=False: shape)   # float64: 8-byte activations
     plan = runtime.memory_plan(model, P)
     assert plan.gradient_checkpointing and plan.micro_batch_tokens == row and plan.estimate_bytes <= on
 

@@ -104,3 +104,35 @@ def test_this_process_memory_is_read():
     x = torch.ones(64, 2 ** 20, dtype=torch.uint8)             # 64 MiB, touched
     assert resident_bytes() > x.numel()
     assert available_host_memory() > 0
+
+
+def test_ref_offload_auto_is_disk_on_cpu_for_a_large_full_copy_only(monkeypatch):
+    import grpo.training.runtime as runtime_module
+    from grpo.config import LoraConfig
+    from grpo.modeling.lora import apply_lora
+    from tests.conftest import tiny_qwen2
+
+    model = tiny_qwen2()                                                    # 83,072 bytes of float32 parameters
+    cpu = lambda **over: CpuRuntime(torch.device("cpu"), build_config(overrides=over))   # noqa: E731
+    cuda = lambda **over: CudaRuntime(torch.device("cuda", 0), build_config(overrides=over))   # noqa: E731
+    assert cpu(**{"algorithm.beta": 0.04}).ref_offload(model) == "none"     # under 64 MiB: nothing to gain
+    monkeypatch.setattr(runtime_module, "REF_OFFLOAD_MIN_BYTES", 83_072)
+    assert cpu(**{"algorithm.beta": 0.04}).ref_offload(model) == "disk"
+    assert cuda(**{"algorithm.beta": 0.04}).ref_offload(model) == "none"    # a GPU run keeps it on the device
+    assert cpu(**{"algorithm.beta": 0.0}).ref_offload(model) == "none"      # no reference at all
+    assert cpu(**{"algorithm.beta": 0.04, "algorithm.ref_update_steps": 2}).ref_offload(model) == "none"
+    lora = apply_lora(tiny_qwen2(), LoraConfig(enabled=True, r=2, target_modules=["q_proj"]))
+    assert cpu(**{"algorithm.beta": 0.04}).ref_offload(lora) == "none"      # the base model is the reference
+    monkeypatch.setattr(runtime_module, "REF_OFFLOAD_MIN_BYTES", 83_073)
+    assert cpu(**{"algorithm.beta": 0.04}).ref_offload(model) == "none"
+    for mode in ("none", "disk", "cpu"):                                    # an explicit choice is kept
+        assert cpu(**{"train.ref_offload": mode}).ref_offload(model) == mode
+        assert cuda(**{"train.ref_offload": mode}).ref_offload(model) == mode
+
+
+def test_ref_offload_config_errors():
+    with pytest.raises(ConfigError, match="train.ref_offload must be auto | none | disk | cpu, got 'ssd'"):
+        build_config(overrides={"train.ref_offload": "ssd"})
+    with pytest.raises(ConfigError, match="train.ref_offload=disk needs algorithm.ref_update_steps = 0"):
+        build_config(overrides={"train.ref_offload": "disk", "algorithm.ref_update_steps": 4})
+    build_config(overrides={"train.ref_offload": "auto", "algorithm.ref_update_steps": 4})   # auto keeps it in memory
