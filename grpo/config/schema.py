@@ -284,7 +284,7 @@ class TrainConfig:
                              "gradients into the float32 .grad (train.precision bf16).")
     ref_offload: str = _f("auto", "Where the frozen reference policy's weights (beta > 0, full fine-tuning) stay "
                           "between reference passes: none (in memory with the policy) | disk (an unnamed temporary "
-                          "file in the system's temporary directory, read back for each reference pass, bit-identical; "
+                          "file in train.output_dir, read back for each reference pass, bit-identical; "
                           "the OS page cache serves the reads while memory is free) | cpu (host memory, copied to the "
                           "GPU for each pass) | auto (CPU: disk when the reference's weights are >= 64 MiB, else none; "
                           "CUDA: none). Off the step's peak: the update holds the gradients, the reference pass "

@@ -9,7 +9,7 @@ stored bytes, bit for bit.
 Stores (one per mode):
 
 * ``disk`` (:class:`DiskStore`): the bytes in one unnamed temporary file (created unlinked, so nothing is left
-  behind, whatever ends the process). Reads come from the OS's page cache while memory is free; the cache gives
+  behind, whatever ends the process; the trainer puts it in `train.output_dir`, since a tmpfs /tmp is RAM). Reads come from the OS's page cache while memory is free; the cache gives
   the pages back under pressure, and they are read from the disk again at the next use. Neither is counted in
   the process's resident set: this is how a CPU run keeps the reference out of its peak.
 * ``cpu`` (:class:`HostStore`): host memory (pinned when the target is a CUDA device), copied to the device for

@@ -125,7 +125,8 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
     fixed_ref = not cfg.algorithm.ref_update_steps              # a refreshed reference keeps float32 masters
     reference = build_reference(model, cfg.algorithm.beta,      # None when beta = 0
                                 autocast_dtype(tc.precision) if fixed_ref else None,
-                                offload=job.runtime.ref_offload(model))   # train.ref_offload: weights in a file
+                                offload=job.runtime.ref_offload(model),   # train.ref_offload: weights in a file
+                                offload_dir=tc.output_dir)
     learnable = build_learnable_losses(cfg, model)              # lambda-GRPO's lambda: trained with the policy
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations,
                                            [x.param_group() for x in learnable])
