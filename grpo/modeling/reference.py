@@ -4,7 +4,7 @@
 * full fine-tuning: a frozen deep copy of the initial policy.
 * LoRA: the policy itself with its adapters disabled, so no second copy is held in memory.
 * full fine-tuning with ``train.ref_offload`` disk | cpu: the frozen copy's weights live in a file or in host
-  memory and are loaded for the reference pass only (:class:`OffloadedCopy`, grpo/modeling/offload.py).
+  memory and are loaded for the reference pass only (grpo/modeling/offload.py).
 
 Iterative GRPO (DeepSeekMath, section 4.2) refreshes the reference during training; with
 ``algorithm.ref_update_steps = N`` every N steps the copy becomes the mix
@@ -13,7 +13,9 @@ Iterative GRPO (DeepSeekMath, section 4.2) refreshes the reference during traini
 
 from __future__ import annotations
 
+import contextlib
 import copy
+
 import torch
 
 from grpo.modeling.logprobs import fixed_logprobs
@@ -32,45 +34,30 @@ def mix_parameters(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float) 
 
 
 class FrozenCopy:
-    """pi_ref = a frozen copy of the initial policy (full fine-tuning)."""
+    """pi_ref = a frozen copy of the initial policy (full fine-tuning).
 
-    def __init__(self, policy: torch.nn.Module, storage_dtype: torch.dtype | None = None):
+    `offload` (`train.ref_offload` as the runtime resolved it): disk | cpu keep the copy's weights in a file or in
+    host memory between reference passes and load them for each pass only (grpo/modeling/offload.py): the same
+    log-probs, bit for bit, without the copy in memory through the rollout and the update."""
+
+    def __init__(self, policy: torch.nn.Module, storage_dtype: torch.dtype | None = None, offload: str = "none",
+                 offload_dir: str | None = None):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
         if storage_dtype is not None:           # train.precision bf16/fp16: linears kept in autocast's dtype
             store_frozen_linears(self.model, storage_dtype)
+        self.offloaded = Offloaded(self.model, offload, offload_dir) if offload != "none" else None
 
     def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0,
                  model_inputs=None):
         """Shape: [N, P + T] -> [N, T]."""
-        return fixed_logprobs(self.model, input_ids, attention_mask, completion_length, temperature,
-                              micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs)
-
-    def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
-        mix_parameters(self.model, policy, alpha)
-
-
-class OffloadedCopy:
-    """pi_ref = a frozen copy of the initial policy whose weights are loaded for each reference pass and
-    dropped after it (`train.ref_offload` disk | cpu): the same log-probs as :class:`FrozenCopy`, bit for bit,
-    without the copy's weights in memory through the rollout and the update."""
-
-    def __init__(self, policy: torch.nn.Module, mode: str, directory: str | None = None,
-                 storage_dtype: torch.dtype | None = None):
-        model = copy.deepcopy(policy).eval().requires_grad_(False)
-        if storage_dtype is not None:
-            store_frozen_linears(model, storage_dtype)
-        self.offloaded = Offloaded(model, mode, directory)
-        self.nbytes = self.offloaded.nbytes              # what a reference pass loads
-
-    def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0,
-                 model_inputs=None):
-        """Shape: [N, P + T] -> [N, T]."""
-        with self.offloaded.resident() as model:
-            return fixed_logprobs(model, input_ids, attention_mask, completion_length, temperature,
+        with self.offloaded.resident() if self.offloaded is not None else contextlib.nullcontext():
+            return fixed_logprobs(self.model, input_ids, attention_mask, completion_length, temperature,
                                   micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs)
 
     def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
-        raise ValueError("algorithm.ref_update_steps needs a reference held in memory: set train.ref_offload none")
+        if self.offloaded is not None:
+            raise ValueError("algorithm.ref_update_steps needs a reference held in memory: set train.ref_offload none")
+        mix_parameters(self.model, policy, alpha)
 
 
 class AdapterDisabled:
@@ -93,9 +80,9 @@ class AdapterDisabled:
 
 def build_reference(policy: torch.nn.Module, beta: float, storage_dtype: torch.dtype | None = None,
                     offload: str = "none", offload_dir: str | None = None):
-    """The reference for a policy: None when beta == 0, else AdapterDisabled (LoRA), FrozenCopy, or
-    OffloadedCopy when `offload` (`train.ref_offload` as the runtime resolved it) is disk | cpu; `offload_dir`:
-    where the disk store's unnamed file goes (None = the system's temporary directory).
+    """The reference for a policy: None when beta == 0, else AdapterDisabled (LoRA) or FrozenCopy, whose weights
+    wait in a file or host memory between passes when `offload` (`train.ref_offload` as the runtime resolved it) is
+    disk | cpu; `offload_dir`: where the disk store's unnamed file goes (None = the system's temporary directory).
 
     `storage_dtype` (the autocast dtype of train.precision, for a reference that is never refreshed): the
     copy's linear weights are stored in it (grpo.modeling.precision.store_frozen_linears), the values autocast
@@ -104,8 +91,4 @@ def build_reference(policy: torch.nn.Module, beta: float, storage_dtype: torch.d
         return None
     from grpo.modeling.lora import is_lora
 
-    if is_lora(policy):
-        return AdapterDisabled(policy)
-    if offload != "none":
-        return OffloadedCopy(policy, offload, offload_dir, storage_dtype)
-    return FrozenCopy(policy, storage_dtype)
+    return AdapterDisabled(policy) if is_lora(policy) else FrozenCopy(policy, storage_dtype, offload, offload_dir)
