@@ -104,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default="update_peak", help="results file in bench/results (no .json)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -130,7 +131,7 @@ def main() -> None:
                      "peak_delta_mb": median([x["peak_delta_mb"] for x in rs])})
     print_table(rows, ["config", "micro_batch_tokens", "mmap_threshold_mb", "grad_in_place", "fwd_bwd_s",
                        "fraction_of_peak", "peak_delta_mb"])
-    write_results("update_peak", rows, {"rounds": args.rounds, "runs": runs})
+    write_results(args.out, rows, {"rounds": args.rounds, "runs": runs})
 
 
 if __name__ == "__main__":
