@@ -9,9 +9,10 @@ stored bytes, bit for bit.
 Stores (one per mode):
 
 * ``disk`` (:class:`DiskStore`): the bytes in one unnamed temporary file (created unlinked, so nothing is left
-  behind, whatever ends the process; the trainer puts it in `train.output_dir`, since a tmpfs /tmp is RAM). Reads come from the OS's page cache while memory is free; the cache gives
-  the pages back under pressure, and they are read from the disk again at the next use. Neither is counted in
-  the process's resident set: this is how a CPU run keeps the reference out of its peak.
+  behind, whatever ends the process; the trainer puts it in `train.output_dir`, since a tmpfs /tmp is RAM).
+  Reads come from the OS's page cache while memory is free; the cache gives the pages back under pressure, and
+  they are read from the disk again at the next use. Neither is counted in the process's resident set: this is
+  how a CPU run keeps the reference out of its peak.
 * ``cpu`` (:class:`HostStore`): host memory (pinned when the target is a CUDA device), copied to the device for
   each use: a GPU run keeps the reference out of device memory (verl's reference ``param_offload``).
 """
@@ -70,9 +71,6 @@ class DiskStore:
             done += got
         return out if device.type == "cpu" else out.to(device, non_blocking=True)
 
-    def close(self) -> None:
-        self.file.close()
-
 
 class HostStore:
     """Tensors kept in host memory (pinned when they go to a CUDA device), copied to the device at each load."""
@@ -86,9 +84,6 @@ class HostStore:
     def load(self, i: int, device: torch.device) -> torch.Tensor:
         t = self.tensors[i]
         return t.clone() if device.type == "cpu" else t.to(device, non_blocking=True)
-
-    def close(self) -> None:
-        self.tensors = []
 
 
 #: `train.ref_offload` -> its store (``none`` keeps the module as it is; ``auto`` is resolved by the runtime).

@@ -37,14 +37,12 @@ def test_a_store_gives_back_the_bytes(store, tmp_path):
         if t.numel():
             out.add_(1)                                                     # a load is a new tensor, not the store's
             assert torch.equal(s.load(i, CPU), t)
-    s.close()
 
 
 def test_the_disk_store_leaves_no_file_behind(tmp_path):
     s = DiskStore(tensors(), str(tmp_path / "ref"))
     assert os.listdir(tmp_path / "ref") == []                               # unlinked at creation
     assert os.fstat(s.file.fileno()).st_size == s.nbytes
-    s.close()
 
 
 def test_a_short_file_is_an_error_naming_the_option(tmp_path):
