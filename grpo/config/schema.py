@@ -286,7 +286,7 @@ class TrainConfig:
                           "between reference passes: none (in memory with the policy) | disk (an unnamed temporary "
                           "file in train.output_dir, read back for each reference pass, bit-identical; "
                           "the OS page cache serves the reads while memory is free) | cpu (host memory, copied to the "
-                          "GPU for each pass) | auto (CPU: disk when the reference's weights are >= 64 MiB, else none; "
+                          "GPU for each pass; saves nothing on a CPU run) | auto (CPU: disk when the reference's weights are >= 64 MiB, else none; "
                           "CUDA: none). Off the step's peak: the update holds the gradients, the reference pass "
                           "does not. Needs algorithm.ref_update_steps = 0 (auto keeps a refreshed reference in "
                           "memory).")
