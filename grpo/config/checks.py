@@ -50,6 +50,7 @@ def validate(cfg: Config) -> None:
     from grpo.algorithms.stabilisers import KL_CORRECTION_LOG_RATIOS, OFF_POLICY_MEASURES, ROLLOUT_CORRECTIONS
     from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES
     from grpo.algorithms.lead import DIFFICULTY_WEIGHTINGS
+    from grpo.modeling.precision import ROLLOUT_PRECISIONS
 
     tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
     metrics_file = metrics_file_problem(cfg.log.metrics_file)
@@ -157,6 +158,8 @@ def validate(cfg: Config) -> None:
         (cfg.train.parallel in ("ddp", "fsdp2"), "train.parallel must be ddp | fsdp2"),
         (cfg.train.precision in ("fp32", "bf16", "fp16"),
          f"train.precision must be fp32 | bf16 | fp16, got '{cfg.train.precision}'"),
+        (cfg.rollout.precision in ROLLOUT_PRECISIONS,
+         f"rollout.precision must be one of {' | '.join(ROLLOUT_PRECISIONS)}, got '{cfg.rollout.precision}'"),
         (cfg.train.precision != "fp16" or cfg.model.dtype == "float32",
          "train.precision=fp16 needs model.dtype=float32 (the loss scaler keeps float32 master weights)"),
         (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),

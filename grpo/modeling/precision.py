@@ -10,7 +10,8 @@ never a hard-coded one. Log-probs, the KL and the loss are computed in float32 w
 (grpo.modeling.logprobs upcasts the logits before the log-softmax).
 
 Where it applies: the trainer enters :func:`autocast` around the experience stage (rollout, reference
-and old-policy passes) and around the update; :func:`grpo.training.update.policy_update` reads the ambient
+and old-policy passes) and around the update; the rollout alone can run in another precision
+(`rollout.precision`, :func:`rollout_autocast`); :func:`grpo.training.update.policy_update` reads the ambient
 autocast (:func:`active_dtype`) to run backward outside it, scale the fp16 loss and drop autocast's
 cached weight casts once the weights change. :func:`cast_frozen_linears` (reference, LoRA base) and
 :func:`cast_trainable_linears` (the update's oneDNN linears) cast weights once per pass where autocast
@@ -41,6 +42,34 @@ def autocast(device: torch.device, precision: str):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+#: `rollout.precision` spellings -> `train.precision` names (verl's rollout.dtype writes bfloat16).
+ROLLOUT_PRECISIONS: dict[str, str] = {"auto": "auto", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
+                                      "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def rollout_precision(rollout: str, train: str) -> str:
+    """The precision the rollout's forward passes run in: `rollout.precision` (fp32 | bf16 | fp16, or verl's
+    float32 | bfloat16 | float16), `auto` = `train.precision`."""
+    if rollout not in ROLLOUT_PRECISIONS:
+        raise ValueError(f"rollout.precision must be one of {' | '.join(ROLLOUT_PRECISIONS)}, got {rollout!r}")
+    name = ROLLOUT_PRECISIONS[rollout]
+    return train if name == "auto" else name
+
+
+def rollout_autocast(device: torch.device, rollout: str, train: str):
+    """The context the rollout runs in, inside the run's own (:func:`autocast` of `train.precision`): nothing
+    more when both agree; autocast to `rollout.precision`'s dtype when it differs (a bf16 sampler beside a
+    float32 update, as verl's rollout.dtype); autocast switched off for an fp32 rollout under bf16 / fp16
+    training. The sampler's log-probs are then those of the rollout's numerics: `rollout/logp_diff` measures
+    the gap and `algorithm.rollout_correction` (TIS / MIS) corrects for it."""
+    name = rollout_precision(rollout, train)
+    if name == train:
+        return contextlib.nullcontext()
+    dtype = PRECISIONS[name]
+    kind = torch.device(device).type
+    return torch.autocast(device_type=kind, enabled=False) if dtype is None else torch.autocast(kind, dtype=dtype)
 
 
 def active_dtype(device: torch.device) -> torch.dtype | None:

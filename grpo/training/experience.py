@@ -21,6 +21,7 @@ from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, A
 from grpo.config import Config
 from grpo.data.prompts import PromptStream, tokenize_prompts
 from grpo.modeling.logprobs import fixed_logprobs
+from grpo.modeling.precision import rollout_autocast
 from grpo.algorithms.loss import KL_ESTIMATORS, logprob_gap
 from grpo.algorithms.stabilisers import domain_betas
 from grpo.rewards import score
@@ -75,6 +76,21 @@ def lengths_of(gen: Generation) -> torch.Tensor:
     return gen.completion_mask.sum(dim=1).float()
 
 
+def _rollout(model, tokenizer, rows: list[dict], prompts, cfg: Config, k: int, index: list[int], keyed, device,
+             env) -> tuple[Generation, object]:
+    """k completions of each prompt row (multi-turn episodes with `env`): (Generation, episodes or None)."""
+    ro = cfg.rollout
+    if env is not None:
+        episodes = play_episodes(model, tokenizer, rows, prompts.prompt_ids, prompts.prompt_mask, env, cfg, k,
+                                 index, device)
+        return episodes.gen, episodes                                                       # [B*k, T]
+    return sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
+                  max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+                  top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed,
+                  model_inputs=prompts.model_inputs), None                                  # [B*k, T]
+
+
 def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index: list[int], device,
                 env=None) -> Groups:
     """Sample k completions for each prompt row and score them (k = gfpo_sample_size or G).
@@ -88,17 +104,8 @@ def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index:
     prompts = tokenize_prompts(tokenizer, rows, device)                                     # [B, P]
     t0 = time.perf_counter()
     keyed = torch.tensor(index, dtype=torch.long, device=device)
-    episodes = None
-    if env is not None:
-        episodes = play_episodes(model, tokenizer, rows, prompts.prompt_ids, prompts.prompt_mask, env, cfg, k,
-                                 index, device)
-        gen = episodes.gen                                                                  # [B*k, T]
-    else:
-        gen = sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
-                     max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                     top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed,
-                     model_inputs=prompts.model_inputs)                                     # [B*k, T]
+    with rollout_autocast(device, ro.precision, cfg.train.precision):                       # rollout.precision
+        gen, episodes = _rollout(model, tokenizer, rows, prompts, cfg, k, index, keyed, device, env)
     sample_s = time.perf_counter() - t0
     completions = decode_completions(tokenizer, gen)
     per_prompt = repeat_each(prompts.prompts, k)

@@ -87,6 +87,7 @@ class ModelShape:
     packed_rollout: bool = False   # the rollout packs every projection and the head (CPU float32 / native bf16)
     slack_bytes: int = 0           # runtime_allowance(trainable_params), set by grpo.training.runtime.model_shape
     offloaded_ref_bytes: int = 0   # a reference kept in a file or host memory (train.ref_offload), loaded for its pass
+    rollout_bytes: int = 0         # bytes per rollout value (rollout.precision); 0 = act_bytes
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,12 @@ def moment_bytes(m: ModelShape) -> int:
 def kv_cache_bytes(m: ModelShape, s: StepShape) -> int:
     """The rollout's cache: keys and values of every layer, the prompt once per prompt, completions per row."""
     tokens = s.prompts * s.prompt_tokens + s.rows * s.new_tokens
-    return 2 * m.layers * m.kv_heads * m.head_dim * m.act_bytes * tokens
+    return 2 * m.layers * m.kv_heads * m.head_dim * rollout_value_bytes(m) * tokens
+
+
+def rollout_value_bytes(m: ModelShape) -> int:
+    """Bytes per value of the rollout's cache and weight copies: `rollout.precision`'s, else the activations'."""
+    return m.rollout_bytes or m.act_bytes
 
 
 def stored_values_per_token(m: ModelShape, checkpointing: bool) -> float:
@@ -178,9 +184,9 @@ def micro_batch_padded_tokens(s: StepShape, tokens: int) -> int:
 def fused_weight_bytes(m: ModelShape) -> int:
     """The rollout's copies of weights (grpo.modeling.rollout_weights), made for one rollout and freed after it:
     the concatenated q/k/v and gate/up weights; when packed (CPU float32 / bf16), o, down and the LM head too.
-    The copies are in the products' dtype: the narrower of the parameters' and the activations' (autocast's)."""
+    The copies are in the products' dtype: the narrower of the parameters' and the rollout's (autocast's)."""
     qkv_gate_up = m.hidden * (m.hidden + 2 * m.kv_heads * m.head_dim + 2 * m.intermediate)
-    width = min(m.act_bytes, m.param_bytes)
+    width = min(rollout_value_bytes(m), m.param_bytes)
     if not m.packed_rollout:
         return m.layers * qkv_gate_up * width
     o_down = m.hidden * (m.hidden + m.intermediate)

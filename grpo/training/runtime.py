@@ -257,10 +257,11 @@ def configured_budget(cfg: Config) -> int:
 
 
 def model_shape(model: torch.nn.Module, act_bytes: int, compute_dtype: torch.dtype | None = None,
-                offloaded_ref: bool = False):
+                offloaded_ref: bool = False, rollout_dtype: torch.dtype | None = None):
     """The planner's view of a policy (grpo.training.memory_plan.ModelShape) from its config and parameters;
     `compute_dtype`: autocast's dtype (`train.precision`), None for the parameters' own; `offloaded_ref`: the
-    reference's weights (counted at the policy's size) are loaded for the reference phase (`train.ref_offload`)."""
+    reference's weights (counted at the policy's size) are loaded for the reference phase (`train.ref_offload`);
+    `rollout_dtype`: autocast's dtype in the rollout when `rollout.precision` differs from `train.precision`."""
     from grpo.modeling.offload import tensor_bytes, unique_parameters
     from grpo.modeling.cpu_kernels import can_prepack
     from grpo.modeling.lean_layers import lean_mlps
@@ -282,7 +283,8 @@ def model_shape(model: torch.nn.Module, act_bytes: int, compute_dtype: torch.dty
                       param_bytes=trainable[0].element_size() if trainable else 4, act_bytes=act_bytes,
                       lean_layers=act_bytes == 4 and lean_mlps(model) > 0,
                       packed_rollout=bool(trainable) and can_prepack(trainable[0].device,
-                                                                     compute_dtype or trainable[0].dtype),
+                                                                     rollout_dtype or compute_dtype or trainable[0].dtype),
+                      rollout_bytes=rollout_dtype.itemsize if rollout_dtype is not None else 0,
                       offloaded_ref_bytes=tensor_bytes(unique_parameters(model)) if offloaded_ref else 0)
 
 
@@ -299,12 +301,14 @@ def step_shape(cfg: Config, prompt_tokens: int):
 def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int):
     """The memory plan of `runtime`'s run (grpo.training.memory_plan.plan_memory) for prompts of up to
     `prompt_tokens` tokens: the configured settings, what is in use now and the budget."""
-    from grpo.modeling.precision import autocast_dtype
+    from grpo.modeling.precision import autocast_dtype, rollout_precision
     from grpo.training.memory_plan import plan_memory
 
     cfg = runtime.cfg
     lowp = autocast_dtype(cfg.train.precision)
-    shape = model_shape(model, 2 if lowp is not None else 4, lowp, runtime.ref_offload(model) != "none")
+    rollout = rollout_precision(cfg.rollout.precision, cfg.train.precision)
+    rollout_dtype = (autocast_dtype(rollout) or torch.float32) if rollout != cfg.train.precision else None
+    shape = model_shape(model, 2 if lowp is not None else 4, lowp, runtime.ref_offload(model) != "none", rollout_dtype)
     return plan_memory(shape, step_shape(cfg, prompt_tokens), in_use=runtime.memory_in_use(),
                        budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
                        micro_batch_tokens=cfg.train.micro_batch_tokens,

@@ -12,7 +12,7 @@ from grpo.config import AlgorithmConfig, ConfigError, OptimConfig, build_config
 from grpo.modeling.logprobs import completion_logprobs, fixed_logprobs
 from grpo.modeling.models import build_model, build_tokenizer
 from grpo.modeling.precision import (active_dtype, autocast, autocast_dtype, cast_frozen_linears, cast_trainable_linears,
-                            loss_scaler, paused)
+                            loss_scaler, paused, rollout_autocast, rollout_precision)
 from grpo.rollout import sample
 from grpo.types import TrainBatch
 from grpo.training.update import build_optimizer, policy_update
@@ -65,6 +65,59 @@ def test_autocast_context_per_precision():
     assert autocast_dtype("bf16") is torch.bfloat16 and autocast_dtype("fp32") is None
     with pytest.raises(ValueError, match="train.precision"):
         autocast_dtype("int8")
+
+
+def test_rollout_precision_follows_train_precision_on_auto_and_takes_verl_spellings():
+    assert rollout_precision("auto", "fp32") == "fp32" and rollout_precision("auto", "bf16") == "bf16"
+    assert rollout_precision("bfloat16", "fp32") == "bf16" and rollout_precision("float32", "bf16") == "fp32"
+    assert rollout_precision("fp16", "fp32") == "fp16"
+    with pytest.raises(ValueError, match="rollout.precision"):
+        rollout_precision("int8", "fp32")
+
+
+@pytest.mark.parametrize("train, rollout, expected", [
+    ("fp32", "auto", None), ("fp32", "fp32", None), ("fp32", "bf16", torch.bfloat16), ("fp32", "bfloat16", torch.bfloat16),
+    ("bf16", "auto", torch.bfloat16), ("bf16", "fp32", None), ("bf16", "fp16", torch.float16),
+])
+def test_rollout_autocast_inside_the_runs_autocast(train, rollout, expected):
+    """The rollout's context nests in train.precision's: it switches autocast on, off or to another dtype,
+    and the run's own autocast is back afterwards."""
+    with autocast(CPU, train):
+        with rollout_autocast(CPU, rollout, train):
+            assert active_dtype(CPU) is expected
+        assert active_dtype(CPU) is autocast_dtype(train)
+
+
+def test_bf16_rollout_beside_fp32_training_samples_from_the_bf16_policy():
+    """rollout.precision bf16 under train.precision fp32: the sampler's log-probs are those of a bf16-autocast
+    rollout (bit for bit), differ from the float32 rollout's by bfloat16 rounding only, and the policy's weights
+    stay float32 and untouched."""
+    model, tok = micro_policy()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
+    args = dict(num_generations=4, max_new_tokens=8, eos_token_id=-1, pad_token_id=tok.pad_token_id, seed=3)
+    with autocast(CPU, "fp32"):
+        with rollout_autocast(CPU, "bf16", "fp32"):
+            ours = sample(model, enc["input_ids"], enc["attention_mask"], **args)
+        exact = sample(model, enc["input_ids"], enc["attention_mask"], **args)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        direct = sample(model, enc["input_ids"], enc["attention_mask"], **args)
+    assert torch.equal(ours.completion_ids, direct.completion_ids)
+    assert torch.equal(ours.sampling_logprobs, direct.sampling_logprobs)
+    same = (ours.completion_ids == exact.completion_ids).long().cumprod(1).bool()   # [8, T] same tokens so far
+    gap = (ours.sampling_logprobs - exact.sampling_logprobs)[same].abs()
+    assert same.any() and 0 < gap.max() < 0.05                              # bf16 rounding, not another policy
+    assert all(p.dtype is torch.float32 for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_config_checks_rollout_precision_in_one_line():
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides={"rollout.precision": "int8"})
+    message = str(info.value)
+    assert message.startswith("rollout.precision must be one of auto") and "int8" in message and "\n" not in message
+    assert build_config().rollout.precision == "auto"
+    assert build_config(overrides={"rollout.precision": "bfloat16"}).rollout.precision == "bfloat16"
 
 
 @pytest.mark.parametrize("bad", ["bf17", "float16", "FP32"])

@@ -221,3 +221,26 @@ def test_grpo_train_with_trl_reward_functions(tmp_path, chat, functions):
     assert record["reward/is_chat/mean"] == float(chat)
     assert record["reward/token_count/mean"] == record["completion/length_mean"]   # completion_ids: EOS included
     assert record[f"reward/{functions[0]}/none_frac"] == 0.0
+
+
+def test_draw_groups_samples_in_rollout_precision(tmp_path):
+    """rollout.precision bf16 under train.precision fp32: the step's completions and sampler log-probs are
+    those of a bf16-autocast rollout with the same keys; auto keeps the float32 rollout."""
+    from grpo.data.prompts import tokenize_prompts
+    from grpo.rollout import sample
+
+    cfg, tok, model, stream, rewards = setup(tmp_path, **{"rollout.precision": "bf16"})
+    rows = stream.next(2)
+    got = draw_groups(model, tok, rows, rewards, cfg, [5, 6], "cpu").gen
+    prompts = tokenize_prompts(tok, rows, "cpu")
+    args = dict(num_generations=4, max_new_tokens=6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                seed=cfg.train.seed, prompt_index=torch.tensor([5, 6]))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = sample(model, prompts.prompt_ids, prompts.prompt_mask, **args)
+    fp32 = sample(model, prompts.prompt_ids, prompts.prompt_mask, **args)
+    assert torch.equal(got.completion_ids, bf16.completion_ids)
+    assert torch.equal(got.sampling_logprobs, bf16.sampling_logprobs)
+    assert not torch.equal(got.sampling_logprobs, fp32.sampling_logprobs)
+    cfg_auto = build_config(overrides={**BASE, "reward.functions": cfg.reward.functions})
+    auto = draw_groups(model, tok, rows, rewards, cfg_auto, [5, 6], "cpu").gen
+    assert torch.equal(auto.sampling_logprobs, fp32.sampling_logprobs)

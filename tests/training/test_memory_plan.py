@@ -166,7 +166,7 @@ def test_tight_budget_picks_checkpointing_and_the_update_is_unchanged(monkeypatc
         "train.memory_budget_gib": on / 2 ** 30, "rollout.max_new_tokens": T, "rollout.num_generations": 2,
         "train.prompts_per_step": 2}))                                    # the budget: exactly the plan we expect
     monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 0)
-    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b, d=None, r=False: shape)   # float64: 8-byte activations
+    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b, d=None, r=False, rd=None: shape)   # float64: 8-byte activations
     plan = runtime.memory_plan(model, P)
     assert plan.gradient_checkpointing and plan.micro_batch_tokens == row and plan.estimate_bytes <= on
 
@@ -239,3 +239,26 @@ def test_planner_counts_packed_rollout_weights_where_they_are_made():
     assert model_shape(model.to(torch.bfloat16), 2).packed_rollout == native
     with torch.device("meta"):
         assert not model_shape(tiny_qwen2().float(), 4).packed_rollout
+
+
+def test_rollout_precision_sizes_the_rollout_phase_only(monkeypatch):
+    """rollout.precision bf16 beside an fp32 update: the rollout's cache and weight copies are 2 bytes a value,
+    the other phases unchanged; model_shape packs for the rollout's dtype, and plan_for passes it."""
+    import grpo.training.runtime as runtime
+
+    half = dataclasses.replace(M, packed_rollout=True, rollout_bytes=2)
+    full = dataclasses.replace(M, packed_rollout=True)
+    assert kv_cache_bytes(half, S) == 57_344 // 2 and fused_weight_bytes(half) == 320_512 // 2
+    a, b = phase_bytes(full, S, IN_USE, 64, False, 64), phase_bytes(half, S, IN_USE, 64, False, 64)
+    assert {k: a[k] - b[k] for k in a} == {"rollout": 57_344 // 2 + 320_512 // 2, "reference": 0, "update": 0}
+    model = tiny_qwen2().float()
+    native = cpu_kernels.onednn_works() and cpu_kernels.bf16_native()
+    shape = model_shape(model, 4, None, False, torch.bfloat16)
+    assert shape.rollout_bytes == 2 and shape.act_bytes == 4 and shape.packed_rollout == native
+    assert model_shape(model, 4).rollout_bytes == 0
+    seen = []
+    monkeypatch.setattr(runtime, "model_shape", lambda *args: seen.append(args[4]) or model_shape(*args))
+    for rollout in ("bf16", "auto"):
+        runtime.plan_for(CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.precision": rollout})),
+                         model, 8)
+    assert seen == [torch.bfloat16, None]
