@@ -63,11 +63,18 @@ from bench.common import arithmetic_rows
 model, tok = result.model, result.tokenizer
 model.generation_config.top_k = None
 batch = tokenize_prompts(tok, arithmetic_rows(spec["prompts"], tok, seed=1))
-pairs = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False) for i in range(2)]
+lowp = spec.get("overrides", {}).get("rollout.precision", "fp32")
+lowp = {"auto": "fp32", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(lowp, lowp)
+pairs = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False, lowp) for i in range(2)]
+extra = {}
+if lowp != "fp32":   # generate under the same autocast too: the like-for-like rollout ratio
+    same = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False, lowp, lowp) for i in range(2)]
+    extra = {"generate_lowp_tok_s": statistics.median(p[1][1] / p[1][0] for p in same),
+             "rollout_lowp_tok_s": statistics.median(p[0][1] / p[0][0] for p in same)}
 print(json.dumps({"step_s": [r["time/step_s"] for r in rows], "rollout_s": [r["time/rollout_s"] for r in rows],
                   "update_s": [r["time/update_s"] for r in rows], "peak_rss_mb": peak,
                   "rollout_tok_s": statistics.median(p[0][1] / p[0][0] for p in pairs),
-                  "generate_tok_s": statistics.median(p[1][1] / p[1][0] for p in pairs)}))
+                  "generate_tok_s": statistics.median(p[1][1] / p[1][0] for p in pairs), **extra}))
 """
 
 
@@ -145,8 +152,9 @@ def run(side: str, spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool) -> dict:
-    """Both sides on one grid point, alternating; one row of medians and ratios."""
+def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool, rollout_precision: str = "auto") -> dict:
+    """Both sides on one grid point, alternating; one row of medians and ratios. `rollout_precision`: our
+    rollout.precision (TRL's side is unchanged)."""
     from bench.common import median
     from bench.trl_compare import BETA, write_prompts
 
@@ -160,7 +168,8 @@ def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool) -> di
     for r in range(rounds):
         for side in sides if r % 2 == 0 else tuple(reversed(sides)):
             spec = {**p, "name": name, "model": str(model), "data": str(data), "beta": BETA, "steps": steps,
-                    "lr": 1e-6, "out": str(tmp / f"{name}-{side}-{r}"), "root": str(ROOT)}
+                    "lr": 1e-6, "out": str(tmp / f"{name}-{side}-{r}"), "root": str(ROOT),
+                    "overrides": {} if rollout_precision == "auto" else {"rollout.precision": rollout_precision}}
             t0 = time.perf_counter()
             out = run(side, spec)
             if "failed" in out:
@@ -185,6 +194,10 @@ def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool) -> di
     row["rollout_tok_s"] = median([o["rollout_tok_s"] for o in ours])
     row["generate_tok_s"] = median([o["generate_tok_s"] for o in ours])
     row["rollout_vs_generate"] = row["rollout_tok_s"] / row["generate_tok_s"]
+    if "generate_lowp_tok_s" in ours[0]:               # both sides under the rollout's autocast
+        row["rollout_precision"] = rollout_precision
+        row["rollout_vs_generate_same_precision"] = (median([o["rollout_lowp_tok_s"] for o in ours])
+                                                     / median([o["generate_lowp_tok_s"] for o in ours]))
     if with_trl:
         row["step_ratio"] = row["ours_step_s"] / row["trl_step_s"]
         row["memory_ratio"] = row["ours_peak_mb"] / row["trl_peak_mb"]
@@ -210,6 +223,11 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['point']} | {r['params'] / 1e6:.1f}M | {r['G']} | {r['prompts']} | {r['new_tokens']} | "
             f"{r['threads'] or 'default'} | {r['ours_step_s']:.2f} | - | - | {r['ours_peak_mb']:.0f} | - | - | "
             f"{r['rollout_vs_generate']:.2f} |")
+    if any("rollout_vs_generate_same_precision" in r for r in rows):   # --rollout-precision: the like-for-like ratio
+        lines[0] += " rollout / generate, both in the rollout's precision |"
+        lines[1] += " --- |"
+        lines[2:] = [f"{line} {r['rollout_vs_generate_same_precision']:.2f} |" if "rollout_vs_generate_same_precision" in r
+                     else f"{line} - |" for line, r in zip(lines[2:], rows)]
     return "\n".join(lines)
 
 
@@ -266,6 +284,8 @@ def main() -> None:
     parser.add_argument("--no-trl", action="store_true", help="our side only (no bench/.trl-venv needed)")
     parser.add_argument("--quick", action="store_true", help="2 steps on the tiny points: checks the script only")
     parser.add_argument("--list", action="store_true", help="print the grid points and exit")
+    parser.add_argument("--rollout-precision", default="auto", help="our rollout.precision (bf16: a bf16 sampler "
+                        "beside the fp32 update; the rollout is then also timed against generate under bf16 autocast)")
     parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "scaling.png"))
     parser.add_argument("--out", default="grid", help="results file in bench/results (no .json); the plot is "
                         "drawn only for the default, so a re-run of a few points keeps the full grid's files")
@@ -286,7 +306,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for name in names:
-            rows.append(measure(name, steps, args.rounds, Path(tmp), with_trl))
+            rows.append(measure(name, steps, args.rounds, Path(tmp), with_trl, args.rollout_precision))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
             if not args.quick:                       # after each point, so a stopped grid keeps what it measured
                 write_results(args.out, rows, {"steps": steps, "rounds": args.rounds, "base": BASE, "partial": True,
@@ -294,6 +314,7 @@ def main() -> None:
     table = markdown(rows)
     print(table)
     extra = {"steps": steps, "rounds": args.rounds, "base": BASE, "wall_s": time.perf_counter() - start,
+             "rollout_precision": args.rollout_precision,
              "load_avg": os.getloadavg(), "markdown": table, "quick": args.quick}
     if with_trl:
         extra["trl"] = subprocess.run([str(TRL_PYTHON), "-c", "import trl; print(trl.__version__)"],

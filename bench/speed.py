@@ -74,23 +74,27 @@ def forward_flops(model, mask: torch.Tensor, T: int, backward: bool) -> float:
     return flops * (3 if backward else 1)
 
 
-def rollout_pair(model, tok, batch, G: int, new_tokens: int, seed: int, fixed_length: bool):
+def rollout_pair(model, tok, batch, G: int, new_tokens: int, seed: int, fixed_length: bool,
+                 rollout_precision: str = "fp32", generate_precision: str = "fp32"):
     """(ours, generate): (seconds, produced completion tokens) for the same prompts and settings.
 
     `fixed_length` removes EOS from ours and sets min_new_tokens for generate, so both produce
-    exactly G * B * new_tokens tokens.
+    exactly G * B * new_tokens tokens. `rollout_precision` / `generate_precision` (fp32 | bf16 | fp16): the
+    autocast each side runs under (`rollout.precision` for ours).
     """
     from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.modeling.precision import autocast
     from grpo.rollout import sample
 
     eos = -1 if fixed_length else tok.eos_token_id
     use_cpu_matmul(model, "auto")                             # ours: the trainer's default
-    out, s_ours = timed(lambda: sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=G,
-                                       max_new_tokens=new_tokens, temperature=1.0, eos_token_id=eos,
-                                       pad_token_id=tok.pad_token_id, seed=seed))
+    with autocast(torch.device("cpu"), rollout_precision):
+        out, s_ours = timed(lambda: sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=G,
+                                           max_new_tokens=new_tokens, temperature=1.0, eos_token_id=eos,
+                                           pad_token_id=tok.pad_token_id, seed=seed))
     ours_tokens = int(out.completion_mask.sum())
     use_cpu_matmul(model, "aten")                             # generate: stock PyTorch linears
-    with torch.no_grad():
+    with torch.no_grad(), autocast(torch.device("cpu"), generate_precision):
         hf, s_hf = timed(lambda: model.generate(
             input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, do_sample=True, temperature=1.0,
             top_k=0, top_p=1.0, num_return_sequences=G, max_new_tokens=new_tokens,
