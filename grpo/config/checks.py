@@ -50,7 +50,7 @@ def validate(cfg: Config) -> None:
     from grpo.algorithms.stabilisers import KL_CORRECTION_LOG_RATIOS, OFF_POLICY_MEASURES, ROLLOUT_CORRECTIONS
     from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES
     from grpo.algorithms.lead import DIFFICULTY_WEIGHTINGS
-    from grpo.modeling.precision import ROLLOUT_PRECISIONS
+    from grpo.config.schema import ROLLOUT_PRECISIONS
 
     tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
     metrics_file = metrics_file_problem(cfg.log.metrics_file)
@@ -148,6 +148,8 @@ def validate(cfg: Config) -> None:
          f"train.memory_budget_gib must be a finite number >= 0 (0 = auto), got {cfg.train.memory_budget_gib}"),
         (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
          "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
+        (cfg.train.logprob_micro_batch_tokens >= -1,
+         "train.logprob_micro_batch_tokens must be >= -1 (0 = auto, -1 = no limit)"),
         (cfg.train.ref_offload in ("auto", "none", "disk", "cpu"),
          f"train.ref_offload must be auto | none | disk | cpu, got '{cfg.train.ref_offload}'"),
         (cfg.train.ref_offload in ("auto", "none") or not cfg.algorithm.ref_update_steps,

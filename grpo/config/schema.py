@@ -70,6 +70,11 @@ class DataConfig:
                              "and log how many, instead of stopping at the first one.")
 
 
+#: `rollout.precision` spellings -> `train.precision` names (verl's rollout.dtype writes bfloat16).
+ROLLOUT_PRECISIONS: dict[str, str] = {"auto": "auto", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
+                                      "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     num_generations: int = _f(8, "G: completions sampled per prompt (TRL: num_generations; verl: rollout.n).")
@@ -270,6 +275,11 @@ class TrainConfig:
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
                                  "2**20 / (hidden_size x num_layers), at least 256 (~150 MiB of activations); "
                                  "-1 = no limit. The update is the same for any value (exact accumulation).")
+    logprob_micro_batch_tokens: int = _f(0, "Token budget of one no-grad forward pass (the reference's, the old "
+                                         "policy's, entropy; like verl's log_prob_max_token_len_per_gpu): 0 = auto: "
+                                         "as many whole rows as keep that pass within the step's planned peak, up to "
+                                         "the whole batch or 2048 tokens, at least train.micro_batch_tokens; -1 = no "
+                                         "limit. Same values for any setting.")
     max_steps: int = _f(100, "Number of GRPO steps.")
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
     num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")

@@ -301,11 +301,12 @@ def onednn_works() -> bool:
     """oneDNN's linear is present in this torch build and agrees with ``F.linear`` (float32)."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
-    try:
+    try:   # cached for the process: checked outside autocast, whose bfloat16 F.linear would fail the comparison
         g = torch.Generator(device="cpu").manual_seed(0)   # a CPU calibration, whatever the default device
         x, w, b = (torch.randn(5, 7, generator=g, device="cpu"), torch.randn(3, 7, generator=g, device="cpu"),
                    torch.randn(3, generator=g, device="cpu"))
-        return bool(torch.allclose(_dnn(x, w, b), F.linear(x, w, b), atol=1e-5))
+        with torch.autocast("cpu", enabled=False):
+            return bool(torch.allclose(_dnn(x, w, b), F.linear(x, w, b), atol=1e-5))
     except RuntimeError:
         return False
 

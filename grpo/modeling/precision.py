@@ -24,6 +24,8 @@ import contextlib
 
 import torch
 
+from grpo.config.schema import ROLLOUT_PRECISIONS
+
 #: `train.precision` -> the autocast dtype (None = no autocast).
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -42,11 +44,6 @@ def autocast(device: torch.device, precision: str):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
-
-
-#: `rollout.precision` spellings -> `train.precision` names (verl's rollout.dtype writes bfloat16).
-ROLLOUT_PRECISIONS: dict[str, str] = {"auto": "auto", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
-                                      "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def rollout_precision(rollout: str, train: str) -> str:

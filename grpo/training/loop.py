@@ -172,7 +172,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows))   # train.memory_budget_gib; may refuse
         if world.is_main:
             print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
-        budget = plan.micro_batch_tokens                       # tokens per forward/backward pass
+        budget = plan.logprob_tokens                           # tokens per no-grad pass (reference, old policy)
         record: dict[str, Any] = {}
         logger = world.logger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done, config=cfg)
         with logger, GracefulStop() as stop:

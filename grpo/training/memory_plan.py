@@ -49,6 +49,9 @@ LEAN_LAYER_VALUES = (7.0, 2.0)
 NO_GRAD_VALUES = (8.0, 4.0)
 #: Values per token beyond the layers in the update: the final hidden state, its gradient, the embedding output.
 EXTRA_VALUES_PER_HIDDEN = 4.0
+#: The most tokens the planner gives one no-grad micro-batch (reference and old-policy passes): its GEMMs run at
+#: full speed well before that, and larger temporaries only leave the CPU's caches.
+NO_GRAD_MAX_TOKENS = 2048
 #: float32 copies per logit of one LM-head chunk alive at once (logits, log-softmax, its exp or gradient).
 HEAD_COPIES = 3
 #: The allowance for what a process holds after its first step beyond every term above: freed activations kept
@@ -111,6 +114,12 @@ class MemoryPlan:
     budget_bytes: int
     phases: tuple[tuple[str, int], ...] = ()   # (rollout | reference | update, estimated bytes)
     chosen_by: str = "planner"      # planner | user (every setting explicit)
+    no_grad_tokens: int = 0         # token budget of the no-grad passes (reference, old policy); 0 = micro_batch_tokens
+
+    @property
+    def logprob_tokens(self) -> int:
+        """The token budget to pass to the no-grad log-prob passes."""
+        return self.no_grad_tokens or self.micro_batch_tokens
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -122,6 +131,7 @@ class MemoryPlan:
         """One log line: the choice, the estimate against the budget, the phases."""
         phases = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phases)
         return (f"memory plan ({self.chosen_by}): micro_batch_tokens={self.micro_batch_tokens}, "
+                f"logprob_micro_batch_tokens={self.logprob_tokens}, "
                 f"gradient_checkpointing={str(self.gradient_checkpointing).lower()}, "
                 f"logprob_chunk_size={self.logprob_chunk_size}; estimated peak {self.estimate_bytes / GIB:.2f} GiB "
                 f"of train.memory_budget_gib={self.budget_bytes / GIB:.2f} ({phases} GiB)")
@@ -206,6 +216,24 @@ def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpoin
             + head}
 
 
+def no_grad_budget(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpointing: bool, chunk: int,
+                   ceiling: int, configured: int = 0) -> int:
+    """Tokens per micro-batch of the no-grad passes (reference, old policy, entropy): `configured` when set
+    (`train.logprob_micro_batch_tokens`, -1 = no limit); else (0 = auto) the most whole rows, up to the whole batch
+    and :data:`NO_GRAD_MAX_TOKENS`, whose reference phase stays within `ceiling` (the plan's estimated peak), and
+    never fewer than the update's `tokens`. A no-grad forward keeps one layer's temporaries at a time
+    (:data:`NO_GRAD_VALUES`), so larger micro-batches cost little memory there and run the GEMMs at more rows."""
+    if configured != 0 or tokens <= 0:
+        return configured or tokens
+    row = s.prompt_tokens + s.new_tokens
+    for rows in range(min(s.rows, NO_GRAD_MAX_TOKENS // row), 0, -1):
+        if rows * row <= tokens:
+            break
+        if phase_bytes(m, s, in_use, rows * row, checkpointing, chunk)["reference"] <= ceiling:
+            return rows * row
+    return tokens
+
+
 def _chunks(m: ModelShape, chunk: int) -> list[int]:
     """LM-head chunks to try: the explicit one, else the default halving down to MIN_CHUNK."""
     if chunk > 0:
@@ -218,13 +246,14 @@ def _chunks(m: ModelShape, chunk: int) -> list[int]:
 
 def plan_memory(m: ModelShape, s: StepShape, *, in_use: int, budget: int, auto_tokens: int,
                 micro_batch_tokens: int = 0, gradient_checkpointing: bool | None = None,
-                logprob_chunk_size: int = 0) -> MemoryPlan:
+                logprob_chunk_size: int = 0, logprob_micro_batch_tokens: int = 0) -> MemoryPlan:
     """The fastest (checkpointing, LM-head chunk) whose estimated peak fits `budget` bytes.
 
     `in_use`: bytes the process holds already (weights, reference, runtime); `auto_tokens`: the speed
     heuristic's micro-batch tokens (used when `micro_batch_tokens` is 0, lowered to what fits, never below
-    one row); the three settings as configured (0 / None = auto). Raises :class:`MemoryBudgetError` when
-    nothing fits, naming the leanest estimate.
+    one row); the settings as configured (0 / None = auto). The no-grad passes get their own token budget
+    (:func:`no_grad_budget`), within the chosen plan's peak. Raises :class:`MemoryBudgetError` when nothing
+    fits, naming the leanest estimate.
     """
     explicit = micro_batch_tokens != 0 and gradient_checkpointing is not None and logprob_chunk_size > 0
     row = s.prompt_tokens + s.new_tokens
@@ -238,8 +267,12 @@ def plan_memory(m: ModelShape, s: StepShape, *, in_use: int, budget: int, auto_t
                 fits = int((budget - fixed["update"]) // per_token) + row   # tokens beyond one row that fit
                 tokens = max(row, min(max(auto_tokens, row), fits - fits % row)) if auto_tokens > 0 else row
             phases = phase_bytes(m, s, in_use, tokens, ckpt, chunk)
+            peak = max(phases.values())
+            no_grad = no_grad_budget(m, s, in_use, tokens, ckpt, chunk, peak, logprob_micro_batch_tokens)
+            if no_grad != tokens:   # the reference phase at its own budget
+                phases["reference"] = phase_bytes(m, s, in_use, no_grad, ckpt, chunk)["reference"]
             plan = MemoryPlan(tokens, ckpt, chunk, max(phases.values()), budget, tuple(phases.items()),
-                              "user" if explicit else "planner")
+                              "user" if explicit else "planner", no_grad)
             if plan.estimate_bytes <= budget:
                 return plan
             lean = plan

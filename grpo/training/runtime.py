@@ -313,7 +313,8 @@ def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int):
                        budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                        gradient_checkpointing=cfg.train.gradient_checkpointing,
-                       logprob_chunk_size=cfg.train.logprob_chunk_size)
+                       logprob_chunk_size=cfg.train.logprob_chunk_size,
+                       logprob_micro_batch_tokens=cfg.train.logprob_micro_batch_tokens)
 
 
 def build_runtime(cfg: Config, model: torch.nn.Module | None = None) -> CpuRuntime | CudaRuntime:

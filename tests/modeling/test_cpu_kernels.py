@@ -345,3 +345,15 @@ def test_pad_rows_reuses_one_zero_padded_workspace_per_slot(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "PAD_WORKSPACE_BYTES", 64)
     big = cpu_kernels.pad_rows(torch.ones(3, 4), 16)
     assert big.data_ptr() != ptr and big[:3].all() and not big[3:].any()
+
+
+def test_onednn_check_is_not_fooled_by_autocast():
+    """onednn_works() is cached for the process; first asked under bf16 autocast (a bf16 rollout's can_prepack),
+    it must still compare float32 products, not autocast's bfloat16 F.linear (which once cached False)."""
+    kernels.onednn_works.cache_clear()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert kernels.onednn_works()
+        assert kernels.onednn_works()
+    finally:
+        kernels.onednn_works.cache_clear()
