@@ -9,11 +9,12 @@ A step's peak is the largest of three phases, each linear in the tokens it holds
 with the square of the length: attention runs in torch's fused kernels, the LM head in chunks):
 
     rollout    in_use + slack + moments + KV cache (2 L kv d values per token: B P + N T tokens) + its weight copies
-    reference  in_use + slack + moments + M tokens x no-grad activations (one layer at a time) + LM-head chunk
+    reference  in_use + slack + moments + M' tokens x no-grad activations (one layer at a time) + LM-head chunk
                (+ the reference's weights, loaded for this phase only, when train.ref_offload keeps them elsewhere)
     update     in_use + slack + moments + gradients + M tokens x stored activations + LM-head chunk
 
-with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row),
+with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row), M' the
+same for the no-grad passes (M unless `train.logprob_micro_batch_tokens` says otherwise, :func:`no_grad_budget`),
 "moments" AdamW's two float32 moments (allocated at the first step, so counted even when not yet in use) and
 "gradients" the trainable parameters' gradients, which live only in the update: the loop frees them after each
 optimizer step (grpo.training.loop.update); "slack" what the process gains after its first step beyond
@@ -49,9 +50,6 @@ LEAN_LAYER_VALUES = (7.0, 2.0)
 NO_GRAD_VALUES = (8.0, 4.0)
 #: Values per token beyond the layers in the update: the final hidden state, its gradient, the embedding output.
 EXTRA_VALUES_PER_HIDDEN = 4.0
-#: The most tokens the planner gives one no-grad micro-batch (reference and old-policy passes): its GEMMs run at
-#: full speed well before that, and larger temporaries only leave the CPU's caches.
-NO_GRAD_MAX_TOKENS = 2048
 #: float32 copies per logit of one LM-head chunk alive at once (logits, log-softmax, its exp or gradient).
 HEAD_COPIES = 3
 #: The allowance for what a process holds after its first step beyond every term above: freed activations kept
@@ -216,22 +214,15 @@ def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpoin
             + head}
 
 
-def no_grad_budget(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpointing: bool, chunk: int,
-                   ceiling: int, configured: int = 0) -> int:
-    """Tokens per micro-batch of the no-grad passes (reference, old policy, entropy): `configured` when set
-    (`train.logprob_micro_batch_tokens`, -1 = no limit); else (0 = auto) the most whole rows, up to the whole batch
-    and :data:`NO_GRAD_MAX_TOKENS`, whose reference phase stays within `ceiling` (the plan's estimated peak), and
-    never fewer than the update's `tokens`. A no-grad forward keeps one layer's temporaries at a time
-    (:data:`NO_GRAD_VALUES`), so larger micro-batches cost little memory there and run the GEMMs at more rows."""
-    if configured != 0 or tokens <= 0:
-        return configured or tokens
-    row = s.prompt_tokens + s.new_tokens
-    for rows in range(min(s.rows, NO_GRAD_MAX_TOKENS // row), 0, -1):
-        if rows * row <= tokens:
-            break
-        if phase_bytes(m, s, in_use, rows * row, checkpointing, chunk)["reference"] <= ceiling:
-            return rows * row
-    return tokens
+def no_grad_budget(tokens: int, configured: int = 0) -> int:
+    """Tokens per micro-batch of the no-grad passes (reference, old policy, entropy): `configured`
+    (`train.logprob_micro_batch_tokens`, -1 = no limit) when set, else (0) the update's `tokens`.
+
+    Not enlarged automatically: a no-grad pass keeps one layer's temporaries at a time, and on qwen2-100m 704-1408
+    tokens ran the reference pass 17-20 % faster for +15-34 MiB, but on a 299.5M model (hidden 1024, 24 layers)
+    1216 tokens were no faster and raised the step's peak RSS by 425 MiB (the heap keeps the larger temporaries
+    laid out beside the reloaded reference weights; docs/performance.md)."""
+    return configured or tokens
 
 
 def _chunks(m: ModelShape, chunk: int) -> list[int]:
@@ -251,8 +242,8 @@ def plan_memory(m: ModelShape, s: StepShape, *, in_use: int, budget: int, auto_t
 
     `in_use`: bytes the process holds already (weights, reference, runtime); `auto_tokens`: the speed
     heuristic's micro-batch tokens (used when `micro_batch_tokens` is 0, lowered to what fits, never below
-    one row); the settings as configured (0 / None = auto). The no-grad passes get their own token budget
-    (:func:`no_grad_budget`), within the chosen plan's peak. Raises :class:`MemoryBudgetError` when nothing
+    one row); the settings as configured (0 / None = auto); `logprob_micro_batch_tokens`: the no-grad passes'
+    own budget (0 = the update's, :func:`no_grad_budget`). Raises :class:`MemoryBudgetError` when nothing
     fits, naming the leanest estimate.
     """
     explicit = micro_batch_tokens != 0 and gradient_checkpointing is not None and logprob_chunk_size > 0
@@ -267,8 +258,7 @@ def plan_memory(m: ModelShape, s: StepShape, *, in_use: int, budget: int, auto_t
                 fits = int((budget - fixed["update"]) // per_token) + row   # tokens beyond one row that fit
                 tokens = max(row, min(max(auto_tokens, row), fits - fits % row)) if auto_tokens > 0 else row
             phases = phase_bytes(m, s, in_use, tokens, ckpt, chunk)
-            peak = max(phases.values())
-            no_grad = no_grad_budget(m, s, in_use, tokens, ckpt, chunk, peak, logprob_micro_batch_tokens)
+            no_grad = no_grad_budget(tokens, logprob_micro_batch_tokens)
             if no_grad != tokens:   # the reference phase at its own budget
                 phases["reference"] = phase_bytes(m, s, in_use, no_grad, ckpt, chunk)["reference"]
             plan = MemoryPlan(tokens, ckpt, chunk, max(phases.values()), budget, tuple(phases.items()),

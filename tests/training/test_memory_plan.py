@@ -79,10 +79,9 @@ def test_roomy_budget_keeps_the_speed_heuristic_and_no_checkpointing():
     # micro-batch of 2 rows = 64 tokens; in use 1,000,000, moments 80,000, gradients (update only) 40,000;
     # head 3 x 4 x 64 x 100 = 76,800
     assert dict(plan.phases) == {"rollout": 1_080_000 + 57_344 + 196_608,
-                                 # no-grad passes: the whole batch (4 rows, 128 tokens) stays under the update
-                                 "reference": 1_080_000 + 128 * 4096 + 153_600,      # (8 x 64 + 4 x 128) x 4 B
+                                 "reference": 1_080_000 + 64 * 4096 + 76_800,        # (8 x 64 + 4 x 128) x 4 B
                                  "update": 1_120_000 + 64 * 2432 * 4 + 76_800}
-    assert plan.estimate_bytes == 1_819_392 and plan.chosen_by == "planner" and plan.logprob_tokens == 128
+    assert plan.estimate_bytes == 1_819_392 and plan.chosen_by == "planner" and plan.logprob_tokens == 64
 
 
 def test_tight_budget_turns_checkpointing_on():
@@ -265,25 +264,20 @@ def test_rollout_precision_sizes_the_rollout_phase_only(monkeypatch):
     assert seen == [torch.bfloat16, None]
 
 
-def test_no_grad_passes_get_the_most_rows_that_stay_under_the_step_peak():
-    """By hand (M, S above; rows of 32 tokens): the update at one row peaks at 80,000 moment + 40,000 gradient +
-    32 x 2432 x 4 activation + 3 x 4 x 32 x 100 head bytes = 469,696 over what is in use; a no-grad micro-batch
-    costs the moments, 8 x 64 + 4 x 128 = 1024 values (4096 bytes) per token and its head chunk (64 tokens:
-    76,800): 2 rows (418,944) fit, 3 rows (550,016) do not."""
-    peak = phase_bytes(M, S, IN_USE, 32, False, 64)["update"]
-    assert peak - IN_USE == 469_696
-    assert no_grad_budget(M, S, IN_USE, 32, False, 64, peak) == 64
-    assert no_grad_budget(M, S, IN_USE, 32, False, 64, 10 ** 9) == 128           # the whole batch when it fits
-    assert no_grad_budget(M, S, IN_USE, 32, False, 64, 0) == 32                  # never below the update's budget
-    assert no_grad_budget(M, S, IN_USE, 32, False, 64, peak, configured=96) == 96    # train.logprob_micro_batch_tokens
-    assert no_grad_budget(M, S, IN_USE, 32, False, 64, peak, configured=-1) == -1
-    assert no_grad_budget(M, S, IN_USE, -1, False, 64, peak) == -1               # no limit stays no limit
-    long = dataclasses.replace(S, new_tokens=4096)                              # one row is past the cap: as the update
-    assert no_grad_budget(M, long, IN_USE, 4104, False, 64, 10 ** 12) == 4104
+def test_no_grad_passes_take_the_update_budget_unless_configured():
+    """train.logprob_micro_batch_tokens: 0 = the update's micro-batch tokens, -1 = no limit, else as given; the
+    reference phase is estimated at that budget (by hand: M, S above, rows of 32 tokens; a no-grad micro-batch
+    costs the moments (80,000), 8 x 64 + 4 x 128 = 1024 values (4096 bytes) per token and its head chunk)."""
+    assert no_grad_budget(32) == 32 and no_grad_budget(-1) == -1
+    assert no_grad_budget(32, 96) == 96 and no_grad_budget(32, -1) == -1
     plan = plan_memory(M, S, in_use=IN_USE, budget=10 ** 9, auto_tokens=32, logprob_chunk_size=64)
-    assert (plan.micro_batch_tokens, plan.no_grad_tokens, plan.logprob_tokens) == (32, 64, 64)
-    assert dict(plan.phases)["reference"] == phase_bytes(M, S, IN_USE, 64, False, 64)["reference"]
-    assert plan.estimate_bytes == IN_USE + 469_696 and "logprob_micro_batch_tokens=64" in plan.describe()
-    fixed = plan_memory(M, S, in_use=IN_USE, budget=10 ** 9, auto_tokens=32, logprob_chunk_size=64,
-                        logprob_micro_batch_tokens=32)
-    assert fixed.logprob_tokens == 32
+    assert (plan.micro_batch_tokens, plan.no_grad_tokens, plan.logprob_tokens) == (32, 32, 32)
+    assert dict(plan.phases)["reference"] == IN_USE + 80_000 + 32 * 4096 + 3 * 4 * 32 * 100
+    wide = plan_memory(M, S, in_use=IN_USE, budget=10 ** 9, auto_tokens=32, logprob_chunk_size=64,
+                       logprob_micro_batch_tokens=128)
+    assert (wide.micro_batch_tokens, wide.logprob_tokens) == (32, 128) and "logprob_micro_batch_tokens=128" in wide.describe()
+    assert dict(wide.phases)["reference"] == IN_USE + 80_000 + 128 * 4096 + 3 * 4 * 64 * 100    # 4 rows, chunk of 64
+    assert wide.estimate_bytes == max(dict(wide.phases).values())
+    with pytest.raises(MemoryBudgetError):   # the no-grad budget counts against train.memory_budget_gib too
+        plan_memory(M, S, in_use=IN_USE, budget=dict(plan.phases)["update"] + 1, auto_tokens=32, logprob_chunk_size=64,
+                    gradient_checkpointing=False, micro_batch_tokens=32, logprob_micro_batch_tokens=128)
