@@ -63,8 +63,8 @@ from bench.common import arithmetic_rows
 model, tok = result.model, result.tokenizer
 model.generation_config.top_k = None
 batch = tokenize_prompts(tok, arithmetic_rows(spec["prompts"], tok, seed=1))
-lowp = spec.get("overrides", {}).get("rollout.precision", "fp32")
-lowp = {"auto": "fp32", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(lowp, lowp)
+from grpo.modeling.precision import rollout_precision
+lowp = rollout_precision(spec.get("overrides", {}).get("rollout.precision", "auto"), "fp32")   # the trainer's fp32
 pairs = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False, lowp) for i in range(2)]
 extra = {}
 if lowp != "fp32":   # generate under the same autocast too: the like-for-like rollout ratio
