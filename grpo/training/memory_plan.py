@@ -88,7 +88,7 @@ class ModelShape:
     packed_rollout: bool = False   # the rollout packs every projection and the head (CPU float32 / native bf16)
     slack_bytes: int = 0           # runtime_allowance(trainable_params), set by grpo.training.runtime.model_shape
     offloaded_ref_bytes: int = 0   # a reference kept in a file or host memory (train.ref_offload), loaded for its pass
-    rollout_bytes: int = 0         # bytes per rollout value (rollout.precision); 0 = act_bytes
+    rollout_bytes: int = 0         # bytes per value of the rollout's weight copies (rollout.precision); 0 = act_bytes
 
 
 @dataclass(frozen=True)
@@ -157,13 +157,15 @@ def moment_bytes(m: ModelShape) -> int:
 
 
 def kv_cache_bytes(m: ModelShape, s: StepShape) -> int:
-    """The rollout's cache: keys and values of every layer, the prompt once per prompt, completions per row."""
+    """The rollout's cache: keys and values of every layer, the prompt once per prompt, completions per row, in the
+    parameters' dtype: under autocast the keys leave rotary in the float32 of cos / sin (the values are cast to
+    the keys' dtype, grpo.modeling.decoder), so a float32 model's cache is float32 at any precision."""
     tokens = s.prompts * s.prompt_tokens + s.rows * s.new_tokens
-    return 2 * m.layers * m.kv_heads * m.head_dim * rollout_value_bytes(m) * tokens
+    return 2 * m.layers * m.kv_heads * m.head_dim * m.param_bytes * tokens
 
 
 def rollout_value_bytes(m: ModelShape) -> int:
-    """Bytes per value of the rollout's cache and weight copies: `rollout.precision`'s, else the activations'."""
+    """Bytes per value of the rollout's weight copies: `rollout.precision`'s, else the activations'."""
     return m.rollout_bytes or m.act_bytes
 
 

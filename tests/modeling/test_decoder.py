@@ -142,6 +142,9 @@ def test_decode_steps_under_bf16_autocast_match_hf_forward(kind):
             assert lean.dtype is torch.bfloat16  # the LM head ran in bfloat16
             torch.testing.assert_close(lean.float(), hf, atol=0.06, rtol=0)
             assert 0 < (lean.float() - exact).abs().max() < 0.1
+        # the cache stays in the float32 model's dtype (keys leave rotary in cos / sin's float32; the planner's
+        # kv_cache_bytes counts 4 bytes a value under any autocast)
+        assert {t.dtype for t in (*state.keys, *state.values, *state.prompt_keys, *state.prompt_values)} == {torch.float32}
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))

@@ -242,15 +242,18 @@ def test_planner_counts_packed_rollout_weights_where_they_are_made():
 
 
 def test_rollout_precision_sizes_the_rollout_phase_only(monkeypatch):
-    """rollout.precision bf16 beside an fp32 update: the rollout's cache and weight copies are 2 bytes a value,
-    the other phases unchanged; model_shape packs for the rollout's dtype, and plan_for passes it."""
+    """rollout.precision bf16 beside an fp32 update: the rollout's weight copies are 2 bytes a value (its KV cache
+    stays float32, as the decoder keeps it), the other phases unchanged; model_shape packs for the rollout's dtype,
+    and plan_for passes it."""
     import grpo.training.runtime as runtime
 
     half = dataclasses.replace(M, packed_rollout=True, rollout_bytes=2)
     full = dataclasses.replace(M, packed_rollout=True)
-    assert kv_cache_bytes(half, S) == 57_344 // 2 and fused_weight_bytes(half) == 320_512 // 2
+    assert kv_cache_bytes(half, S) == 57_344 and fused_weight_bytes(half) == 320_512 // 2
+    assert kv_cache_bytes(dataclasses.replace(M, act_bytes=2), S) == 57_344      # train.precision bf16: float32 too
+    assert kv_cache_bytes(dataclasses.replace(M, param_bytes=2), S) == 57_344 // 2   # bf16 weights: a bf16 cache
     a, b = phase_bytes(full, S, IN_USE, 64, False, 64), phase_bytes(half, S, IN_USE, 64, False, 64)
-    assert {k: a[k] - b[k] for k in a} == {"rollout": 57_344 // 2 + 320_512 // 2, "reference": 0, "update": 0}
+    assert {k: a[k] - b[k] for k in a} == {"rollout": 320_512 // 2, "reference": 0, "update": 0}
     model = tiny_qwen2().float()
     native = cpu_kernels.onednn_works() and cpu_kernels.bf16_native()
     shape = model_shape(model, 4, None, False, torch.bfloat16)
