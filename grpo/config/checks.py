@@ -149,7 +149,7 @@ def validate(cfg: Config) -> None:
         (not (cfg.lora.enabled and cfg.algorithm.ref_update_steps),
          "algorithm.ref_update_steps needs full fine-tuning: with lora.enabled the reference is the base model"),
         (cfg.train.logprob_micro_batch_tokens >= -1,
-         "train.logprob_micro_batch_tokens must be >= -1 (0 = auto, -1 = no limit)"),
+         "train.logprob_micro_batch_tokens must be >= -1 (0 = the update's budget, -1 = no limit)"),
         (cfg.train.ref_offload in ("auto", "none", "disk", "cpu"),
          f"train.ref_offload must be auto | none | disk | cpu, got '{cfg.train.ref_offload}'"),
         (cfg.train.ref_offload in ("auto", "none") or not cfg.algorithm.ref_update_steps,

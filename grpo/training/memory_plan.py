@@ -222,8 +222,8 @@ def no_grad_budget(tokens: int, configured: int = 0) -> int:
 
     Not enlarged automatically: a no-grad pass keeps one layer's temporaries at a time, and on qwen2-100m 704-1408
     tokens ran the reference pass 17-20 % faster for +15-34 MiB, but on a 299.5M model (hidden 1024, 24 layers)
-    1216 tokens were no faster and raised the step's peak RSS by 425 MiB (the heap keeps the larger temporaries
-    laid out beside the reloaded reference weights; docs/performance.md)."""
+    1216 tokens were no faster and raised the step's peak RSS by 425 MiB, though this estimate stayed under the
+    update's (cause not isolated; docs/performance.md)."""
     return configured or tokens
 
 
