@@ -100,7 +100,9 @@ def assert_same_run(a: Path, b: Path, step: int) -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
     ra, rb = records(a), records(b)
     assert [r["step"] for r in rb] == list(range(1, step + 1))
-    assert ra == rb
+    diff = [(x["step"], k, x.get(k), y.get(k)) for x, y in zip(ra, rb) for k in sorted(x.keys() | y.keys())
+            if x.get(k) != y.get(k)]
+    assert ra == rb, f"metrics differ (step, key, {a.name}, {b.name}): {diff[:10]}"
 
 
 def cli_argv(flat: dict, *extra: str) -> list[str]:

@@ -259,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv)
     if args.command in ("eval", "export", "sample", "reward-model", "pipeline", "report") and extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
+    from grpo.modeling.vml_warmup import warm_vml
     from grpo.training.guards import TrainingError
 
+    warm_vml()        # every command: eval and sample run the model without a runtime (grpo/modeling/vml_warmup.py)
     try:
         return args.func(args, extra)
     except KeyboardInterrupt:

@@ -82,12 +82,14 @@ class CpuRuntime:
     cfg: Config
 
     def prepare_process(self) -> None:
-        """Allocator threshold and thread count (process-wide)."""
+        """Allocator threshold, thread count and oneMKL's math kernels (process-wide)."""
         from grpo.modeling.cpu_kernels import set_mmap_threshold
+        from grpo.modeling.vml_warmup import warm_vml
 
         set_mmap_threshold(self.cfg.train.mmap_threshold_mb)   # freed host tensors go back to the OS
         if self.cfg.train.num_threads:
             torch.set_num_threads(self.cfg.train.num_threads)
+        warm_vml()           # before any parallel first call of cos, exp, ...: see grpo/modeling/vml_warmup.py
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         """The policy on the CPU with oneDNN float32 linears where they are faster (`model.cpu_matmul`), the others
