@@ -31,8 +31,6 @@ def warm_vml() -> tuple[str, ...]:
         for dtype in (torch.float32, torch.float64):
             x = torch.full((1,), 0.5, dtype=dtype, device="cpu")
             for name in OPS:
-                fn = getattr(torch, name, None)
-                if fn is not None:
-                    fn(x)
-                    done.append(f"{name}:{str(dtype).removeprefix('torch.')}")
+                getattr(torch, name)(x)
+                done.append(f"{name}:{str(dtype).removeprefix('torch.')}")
     return tuple(done)
