@@ -2,6 +2,7 @@
 
     bash bench/setup_trl.sh                            # once: TRL in bench/.trl-venv (CPU torch)
     .venv/bin/python bench/grid.py [--points base,g16,...] [--steps 3] [--rounds 1] [--no-trl] [--quick] [--out grid]
+                                   [--precision fp32|bf16] [--rollout-precision auto|bf16]
 
 The grid varies one factor at a time around a base point: the qwen2-100m shape (hidden 768, 12 layers,
 32k vocabulary), G = 8, 2 prompts per step, 64 new tokens, torch's default thread count. The factors:
@@ -15,6 +16,9 @@ micro-batching); seconds per step are the median over steps 2.. of a run, then o
 ru_maxrss of the process (model loading included on both sides). Our child then times the rollout
 against `model.generate` on the same prompts with EOS on (bench/speed.py's `rollout_pair`, two
 alternating repeats), which gives the rollout's tokens/s ratio on that shape.
+
+`--precision bf16` runs both trainers in bfloat16 autocast (ours `train.precision: bf16`, TRL's
+`GRPOConfig(bf16=True)`), `generate` too; `--rollout-precision bf16` only our sampler (TRL stays float32).
 
 Writes bench/results/grid.json, prints a Markdown table, and plots docs/img/scaling.png: s/step and peak
 memory against G, completion length and parameter count, for ours and TRL. Random models seldom emit EOS,
@@ -64,10 +68,12 @@ model, tok = result.model, result.tokenizer
 model.generation_config.top_k = None
 batch = tokenize_prompts(tok, arithmetic_rows(spec["prompts"], tok, seed=1))
 from grpo.modeling.precision import rollout_precision
-lowp = rollout_precision(spec.get("overrides", {}).get("rollout.precision", "auto"), "fp32")   # the trainer's fp32
-pairs = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False, lowp) for i in range(2)]
+train_precision = spec.get("precision", "fp32")                 # --precision: both trainers' (TRL: bf16=True)
+lowp = rollout_precision(spec.get("overrides", {}).get("rollout.precision", "auto"), train_precision)
+pairs = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False, lowp, train_precision)
+         for i in range(2)]                                           # generate in TRL's precision
 extra = {}
-if lowp != "fp32":   # generate under the same autocast too: the like-for-like rollout ratio
+if lowp != train_precision:   # generate under the rollout's autocast too: the like-for-like rollout ratio
     same = [rollout_pair(model, tok, batch, spec["G"], spec["new_tokens"], i, False, lowp, lowp) for i in range(2)]
     extra = {"generate_lowp_tok_s": statistics.median(p[1][1] / p[1][0] for p in same),
              "rollout_lowp_tok_s": statistics.median(p[0][1] / p[0][0] for p in same)}
@@ -152,9 +158,10 @@ def run(side: str, spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool, rollout_precision: str = "auto") -> dict:
+def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool, rollout_precision: str = "auto",
+            precision: str = "fp32") -> dict:
     """Both sides on one grid point, alternating; one row of medians and ratios. `rollout_precision`: our
-    rollout.precision (TRL's side is unchanged)."""
+    rollout.precision (TRL's side is unchanged); `precision`: both sides' (ours train.precision, TRL's bf16 flag)."""
     from bench.common import median
     from bench.trl_compare import BETA, write_prompts
 
@@ -169,7 +176,9 @@ def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool, rollo
         for side in sides if r % 2 == 0 else tuple(reversed(sides)):
             spec = {**p, "name": name, "model": str(model), "data": str(data), "beta": BETA, "steps": steps,
                     "lr": 1e-6, "out": str(tmp / f"{name}-{side}-{r}"), "root": str(ROOT),
-                    "overrides": {} if rollout_precision == "auto" else {"rollout.precision": rollout_precision}}
+                    "precision": precision,
+                    "overrides": {**({} if precision == "fp32" else {"train.precision": precision}),
+                                  **({} if rollout_precision == "auto" else {"rollout.precision": rollout_precision})}}
             t0 = time.perf_counter()
             out = run(side, spec)
             if "failed" in out:
@@ -178,7 +187,7 @@ def measure(name: str, steps: int, rounds: int, tmp: Path, with_trl: bool, rollo
                 print(f"  {name} {side} round {r}: step_s {[round(s, 2) for s in out['step_s']]}, "
                       f"peak {out['peak_rss_mb']:.0f} MiB ({time.perf_counter() - t0:.0f} s)", flush=True)
             runs[side].append(out)
-    row = {"point": name, **p, "params": params_of(model), "steps": steps, "rounds": rounds}
+    row = {"point": name, **p, "params": params_of(model), "steps": steps, "rounds": rounds, "precision": precision}
     failed = [o["failed"] for o in runs.get("trl", []) if "failed" in o]
     if failed:                                          # a TRL run that could not finish: recorded, no ratios
         row["trl_failed"] = failed[0]
@@ -286,6 +295,9 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the grid points and exit")
     parser.add_argument("--rollout-precision", default="auto", help="our rollout.precision (bf16: a bf16 sampler "
                         "beside the fp32 update; the rollout is then also timed against generate under bf16 autocast)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                        help="both trainers' precision: ours train.precision, TRL's GRPOConfig(bf16=...); the rollout "
+                        "and generate then both run under it (default fp32, like for like)")
     parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "scaling.png"))
     parser.add_argument("--out", default="grid", help="results file in bench/results (no .json); the plot is "
                         "drawn only for the default, so a re-run of a few points keeps the full grid's files")
@@ -306,7 +318,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for name in names:
-            rows.append(measure(name, steps, args.rounds, Path(tmp), with_trl, args.rollout_precision))
+            rows.append(measure(name, steps, args.rounds, Path(tmp), with_trl, args.rollout_precision, args.precision))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
             if not args.quick:                       # after each point, so a stopped grid keeps what it measured
                 write_results(args.out, rows, {"steps": steps, "rounds": args.rounds, "base": BASE, "partial": True,
@@ -314,7 +326,7 @@ def main() -> None:
     table = markdown(rows)
     print(table)
     extra = {"steps": steps, "rounds": args.rounds, "base": BASE, "wall_s": time.perf_counter() - start,
-             "rollout_precision": args.rollout_precision,
+             "rollout_precision": args.rollout_precision, "precision": args.precision,
              "load_avg": os.getloadavg(), "markdown": table, "quick": args.quick}
     if with_trl:
         extra["trl"] = subprocess.run([str(TRL_PYTHON), "-c", "import trl; print(trl.__version__)"],

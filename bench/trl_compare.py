@@ -87,14 +87,15 @@ args = GRPOConfig(
     temperature=1.0, top_k=0, top_p=1.0, beta=spec["beta"], loss_type="grpo", scale_rewards="group",
     learning_rate=spec["lr"], adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
     lr_scheduler_type="constant", warmup_steps=0, max_steps=spec["steps"], num_iterations=1,
-    use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no", logging_steps=1,
+    use_cpu=True, bf16=spec.get("precision", "fp32") == "bf16", fp16=False, report_to="none", save_strategy="no", logging_steps=1,
     shuffle_dataset=False, dataloader_num_workers=0, seed=0, disable_tqdm=True, log_completions=False)
 data = load_dataset("json", data_files=spec["data"], split="train")
 clock = Clock()
 trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tok,
                       callbacks=[clock])
 trainer.train()
-print(json.dumps({"step_s": clock.times, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"step_s": clock.times, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "mixed_precision": str(trainer.accelerator.mixed_precision)}))
 """
 
 
