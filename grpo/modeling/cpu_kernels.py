@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, accumulate_grad
+from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, InputCasts, _ReusedCast, accumulate_grad
 from grpo.modeling.workspace import held
 
 MODES = ("auto", "onednn", "aten")
@@ -223,55 +222,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return _DnnLinearFn.apply(x, weight, bias, into)
     out = _dnn_rows(x.reshape(-1, x.shape[-1]), weight, bias)               # no graph: skip autograd.Function
     return out.view(*x.shape[:-1], weight.shape[0])
-
-
-class _ReusedCast(torch.autograd.Function):
-    """Forward: `cast` (the weight already cast to autocast's dtype); backward: its gradient, converted
-    to the weight's dtype, goes to `weight`. A new node at every use, so the backward pass converts and
-    accumulates each weight's gradient as soon as it is computed: autocast's own cached cast is one
-    node created at the first use, which the autograd engine (newest nodes first) runs only at the end
-    of every backward pass, holding all the weights' bfloat16 gradients until then (~+260 MiB of peak
-    memory on qwen2-100m).
-
-    With `into` (`train.grad_in_place`, a leaf weight) the low-precision gradient is added into
-    ``weight.grad`` in place (:func:`grpo.modeling.grad_in_place.accumulate_grad`; autograd receives None):
-    converting it first allocated a float32 tensor of the weight's size per micro-batch, fresh pages from
-    the kernel at `train.mmap_threshold_mb` 1 (qwen2-100m, bf16: ~0.8 s of a 3.4 s update in conversions
-    and AccumulateGrad)."""
-
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, cast: torch.Tensor, into: bool = False) -> torch.Tensor:
-        ctx.dtype = weight.dtype
-        ctx.weight = weight if into and weight.is_leaf else None  # the leaf on ctx, not saved (as grad_in_place)
-        return cast
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        if ctx.weight is not None:
-            accumulate_grad(ctx.weight, grad)
-            return None, None, None
-        return grad.to(ctx.dtype), None, None
-
-
-class InputCasts:
-    """The last layer input cast to autocast's dtype, shared by the linears that read the same tensor
-    (q / k / v, gate / up): autocast casts the input at every call and each product saves its own
-    copy for the backward pass (3 bfloat16 copies of the normed hidden state per attention block
-    where float32 saves 1). One entry (a weak reference to the input and its version counter), so a
-    cast is reused only for the very tensor, unchanged, it was made from."""
-
-    def __init__(self):
-        self.source = None                                  # weakref to the float32 input
-        self.version = -1
-        self.cast: torch.Tensor | None = None
-
-    def get(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`x` in `dtype`, as an autograd node whose backward converts the gradient back (:class:`_ReusedCast`)."""
-        if x.dtype == dtype:
-            return x
-        if self.source is None or self.source() is not x or self.version != x._version or self.cast.dtype != dtype:
-            self.source, self.version, self.cast = weakref.ref(x), x._version, x.detach().to(dtype)
-        return _ReusedCast.apply(x, self.cast) if x.requires_grad else self.cast
 
 
 class DnnLinear(torch.nn.Linear):

@@ -141,19 +141,23 @@ def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
 
 @contextlib.contextmanager
 def cast_trainable_linears(model: torch.nn.Module, device: torch.device):
-    """Under autocast on `device`: each trainable float32 weight of `model`'s oneDNN linears
-    (grpo.modeling.cpu_kernels.DnnLinear, the CPU runtime's) is cast to the autocast dtype once for the block, and
-    their forward passes with autograd use that cast (the update's micro-batches, forward and recomputed).
+    """Under autocast on `device`: each trainable float32 weight of `model`'s CPU-runtime linears (oneDNN's
+    grpo.modeling.cpu_kernels.DnnLinear, or aten's grpo.modeling.grad_in_place.GradIntoLinear with
+    `train.grad_in_place`) is cast to the autocast dtype once for the block, and their forward passes with
+    autograd use that cast (the update's micro-batches, forward and recomputed).
 
     Autocast would cast each weight once too (it caches casts of trainable weights), but its cached cast
     is a single autograd node whose backward the engine runs last, so every weight's low-precision
     gradient stays alive to the end of each backward pass; here each use is a new node and the gradient
     is converted and accumulated at once (measured on qwen2-100m: update peak -260 MiB, and not slower).
     Linears reading the same input (q / k / v, gate / up) share one cast of it, a new autograd node per
-    use as for the weights (:class:`grpo.modeling.cpu_kernels.InputCasts`): autocast saves a copy per linear.
-    Other layers (``nn.Linear``, CUDA) keep autocast's cache. A no-op without autocast.
+    use as for the weights (:class:`grpo.modeling.grad_in_place.InputCasts`): autocast saves a copy per linear.
+    For GradIntoLinear (the aten linears, where oneDNN is no faster) this was measured on qwen2-100m and a 299.5M
+    model, bf16 update, Intel Xeon host: see docs/performance.md. Other layers (``nn.Linear``, CUDA) keep
+    autocast's cache. A no-op without autocast.
     """
-    from grpo.modeling.cpu_kernels import DnnLinear, InputCasts
+    from grpo.modeling.cpu_kernels import DnnLinear
+    from grpo.modeling.grad_in_place import GradIntoLinear, InputCasts
 
     dtype = active_dtype(device)
     cast: list[DnnLinear] = []
@@ -161,7 +165,7 @@ def cast_trainable_linears(model: torch.nn.Module, device: torch.device):
     inputs = InputCasts()                                   # q / k / v (gate / up) share their input's cast
     if dtype is not None:
         for module in model.modules():
-            w = module.weight if isinstance(module, DnnLinear) else None
+            w = module.weight if isinstance(module, (DnnLinear, GradIntoLinear)) else None
             if w is None or not w.requires_grad or w.dtype != torch.float32 or type(w.data) is not torch.Tensor:
                 continue
             if id(w) not in copies:

@@ -252,19 +252,24 @@ def test_trainer_keeps_a_refreshed_reference_in_float32(tmp_path):
     assert dtypes == {0: torch.bfloat16, 2: torch.float32}
 
 
-def test_trainable_casts_give_autocast_values_and_gradients():
-    """The update's casts of trainable oneDNN-linear weights (made once, a new autograd node at each use)
-    give autocast's own log-probs bit for bit, and its gradients up to the order of accumulation: a weight
-    used twice in a micro-batch (shared prompt pass, then completions) has its two bfloat16 gradients
-    summed in float32 here, in bfloat16 by autocast's cached cast, so these are a little closer to float32's."""
+@pytest.mark.parametrize("mode", ["onednn", "aten"])
+def test_trainable_casts_give_autocast_values_and_gradients(mode, monkeypatch):
+    """The update's casts of trainable weights of the CPU runtime's linears (oneDNN's DnnLinear; aten's
+    GradIntoLinear with `train.grad_in_place`), made once, a new autograd node at each use, give autocast's own
+    log-probs bit for bit, and its gradients up to the order of accumulation: a weight used twice in a
+    micro-batch (shared prompt pass, then completions) has its two bfloat16 gradients summed in float32 here,
+    in bfloat16 by autocast's cached cast, so these are a little closer to float32's."""
     from contextlib import nullcontext
 
     from grpo.modeling.cpu_kernels import DnnLinear, use_cpu_matmul
+    from grpo.modeling.grad_in_place import GradIntoLinear
 
     model, tok = micro_policy()
     batch = rollout_batch(model, tok)
-    assert use_cpu_matmul(model, "onednn") > 0
-    linears = [m for m in model.modules() if isinstance(m, DnnLinear)]
+    kind = DnnLinear if mode == "onednn" else GradIntoLinear
+    use_cpu_matmul(model, mode, grad_in_place=mode == "aten")
+    linears = [m for m in model.modules() if type(m) is kind]
+    assert linears
 
     def logp_and_grads(precision, casts):
         model.zero_grad(set_to_none=True)
@@ -277,9 +282,17 @@ def test_trainable_casts_give_autocast_values_and_gradients():
     plain = logp_and_grads("bf16", nullcontext())
     with cast_trainable_linears(model, CPU):
         assert all(m.cast_weight is None for m in linears)                  # no autocast: nothing cast
+    from grpo.modeling import grad_in_place
+
+    uses = []
+    real = grad_in_place._ReusedCast.forward
+    monkeypatch.setattr(grad_in_place._ReusedCast, "forward",
+                        staticmethod(lambda ctx, w, c, into=False: uses.append(w) or real(ctx, w, c, into)))
     casts = cast_trainable_linears(model, CPU)
     cast = logp_and_grads("bf16", casts)
     assert all(m.cast_weight is None for m in linears)                      # dropped after the block
+    head = model.get_output_embeddings()                                    # its products: fused_head's, with the cast
+    assert {id(m.weight) for m in linears if m is not head} <= {id(w) for w in uses}   # each layer used its cast
     assert torch.equal(plain[0], cast[0]) and cast[1].dtype is torch.float32
     assert (cast[1] - plain[1]).norm() < 1e-3 * plain[1].norm()
     assert (cast[1] - exact[1]).norm() <= (plain[1] - exact[1]).norm()
