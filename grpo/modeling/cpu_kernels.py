@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, InputCasts, _ReusedCast, accumulate_grad
+from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, InputCasts, accumulate_grad, cast_linear
 from grpo.modeling.workspace import held
 
 MODES = ("auto", "onednn", "aten")
@@ -239,10 +239,7 @@ class DnnLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cast_weight is not None and torch.is_grad_enabled() and torch.is_autocast_enabled(x.device.type):
-            w = _ReusedCast.apply(self.weight, self.cast_weight, self.grad_into)
-            if self.input_casts is not None:
-                x = self.input_casts.get(x, self.cast_weight.dtype)
-            return F.linear(x, w, self.bias)                                # autocast casts b (and x if not cast)
+            return cast_linear(self, x, self.grad_into)
         return linear(x, self.weight, self.bias, self.grad_into)
 
 

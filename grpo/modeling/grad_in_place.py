@@ -138,6 +138,16 @@ class InputCasts:
         return _ReusedCast.apply(x, self.cast) if x.requires_grad else self.cast
 
 
+def cast_linear(module: torch.nn.Linear, x: torch.Tensor, into: bool) -> torch.Tensor:
+    """`module`'s product under autocast with its once-per-update ``cast_weight`` (:class:`_ReusedCast`; `into`: the
+    weight gradient goes into ``.grad`` in place) and its input cast through ``input_casts`` when set (shared by the
+    linears reading `x`). The bias is left to autocast."""
+    w = _ReusedCast.apply(module.weight, module.cast_weight, into)
+    if module.input_casts is not None:
+        x = module.input_casts.get(x, module.cast_weight.dtype)
+    return F.linear(x, w, module.bias)                                   # autocast casts b (and x if not cast)
+
+
 class GradIntoLinear(torch.nn.Linear):
     """An ``nn.Linear`` (same parameters, state dict and isinstance) whose weight gradient is accumulated into
     ``.grad`` by one in-place GEMM per backward pass. Without autograd, for frozen or non-leaf weights the
@@ -156,10 +166,7 @@ class GradIntoLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
         if self.cast_weight is not None and torch.is_grad_enabled() and torch.is_autocast_enabled(x.device.type):
-            w = _ReusedCast.apply(weight, self.cast_weight, True)
-            if self.input_casts is not None:
-                x = self.input_casts.get(x, self.cast_weight.dtype)
-            return F.linear(x, w, bias)                                      # autocast casts b (and x if not cast)
+            return cast_linear(self, x, True)
         if (torch.is_grad_enabled() and (weight.requires_grad or (bias is not None and bias.requires_grad))
                 and weight.is_leaf and (bias is None or bias.is_leaf)
                 and not torch.is_autocast_enabled(x.device.type) and x.dtype == weight.dtype):
