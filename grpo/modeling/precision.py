@@ -160,7 +160,7 @@ def cast_trainable_linears(model: torch.nn.Module, device: torch.device):
     from grpo.modeling.grad_in_place import GradIntoLinear, InputCasts
 
     dtype = active_dtype(device)
-    cast: list[DnnLinear] = []
+    cast: list[torch.nn.Linear] = []                        # DnnLinear and GradIntoLinear layers
     copies: dict[int, torch.Tensor] = {}                    # the tied LM head / embedding matrix is cast once
     inputs = InputCasts()                                   # q / k / v (gate / up) share their input's cast
     if dtype is not None:
