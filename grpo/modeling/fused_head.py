@@ -7,7 +7,11 @@ gradients of log-softmax, temperature and GEMM, each a fresh [chunk, V] tensor (
 vocabulary). On the CPU, at `train.mmap_threshold_mb` 1, every one of them is new pages from the kernel. Here
 the logits of chunk c are written into one buffer by ``torch.mm(out=)`` and every later step works in place
 on it; the backward recomputes the logits into the same buffer, turns them into dL/dz in place and writes
-dL/dh and dL/dW from it. Only the per-token log-normaliser and entropy ([M] each) are kept between passes.
+dL/dh and dL/dW from it. Only the per-token log-normaliser and entropy ([M] each) are kept between passes, and,
+with the entropy (the update's call), the buffer itself: it still holds log p of the forward's last chunk, so the
+backward starts with that chunk and recomputes only the others, unless something wrote into the buffer in between
+(its version counter says). At a 32k vocabulary the default chunk (32 MiB of logits) is 256 tokens, so a
+micro-batch of up to 256 completion tokens recomputes no logits (qwen2-100m forward+backward -4.6 %, Xeon host).
 
 With z = (h W^T + b) / tau for one token of target y (tau the sampling temperature), log p = z - lse(z),
 p = softmax(z), the outputs and their gradients are
@@ -169,9 +173,10 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, temperature, with_entropy, chunk, into, cast, lowp, onednn):
         ctx.set_materialize_grads(False)
-        logp, entropy, lse = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cast, lowp,
-                                      onednn)
+        logp, entropy, lse, last = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cast, lowp,
+                                            onednn)
         ctx.save_for_backward(hidden, tokens, lse, entropy)
+        ctx.kept = None if last is None else (*last, last[1]._version)  # (start, log p view, its version)
         ctx.weight, ctx.bias, ctx.temperature, ctx.chunk, ctx.into = weight, bias, temperature, chunk, into
         ctx.with_entropy, ctx.cast, ctx.lowp, ctx.onednn = with_entropy, cast, lowp, onednn
         return logp, entropy
@@ -192,10 +197,14 @@ class _HeadLogprobs(torch.autograd.Function):
         db = torch.zeros_like(bias) if need_b and not into else None
         k, buf, probs = _workspace(hidden, V, ctx.chunk, g_entropy is not None)
         products = _Products(weight, ctx.cast, bias, ctx.lowp, k, ctx.onednn)
-        for s in range(0, M, k):
+        kept = ctx.kept if ctx.kept is not None and ctx.kept[1]._version == ctx.kept[2] else None
+        for s in reversed(range(0, M, k)):                                     # the forward's last chunk first
             e = min(s + k, M)
             h, gy = hidden[s:e], g_logp[s:e, None]                            # [n, H], [n, 1]
-            dz = products.logits_into(buf[:e - s], h, tau).sub_(lse[s:e, None])           # log p  [n, V]
+            if kept is not None and s == kept[0]:
+                dz = kept[1]                                                   # log p as the forward left it
+            else:
+                dz = products.logits_into(buf[:e - s], h, tau).sub_(lse[s:e, None])       # log p  [n, V]
             if g_entropy is None:
                 dz.exp_().mul_(-gy)                                            # -g_y p
             else:
@@ -217,10 +226,12 @@ class _HeadLogprobs(torch.autograd.Function):
 
 
 def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cast=None, lowp=None, onednn=False):
-    """logp_y [M], entropy [M] (zeros if not asked), lse [M] of every row, `chunk` rows at a time in one buffer."""
+    """logp_y [M], entropy [M] (zeros if not asked), lse [M] of every row, `chunk` rows at a time in one buffer;
+    with the entropy, also (start, log p [n, V]) of the last chunk, which the buffer still holds (else None)."""
     M, V = hidden.shape[0], weight.shape[0]
     k, buf, probs = _workspace(hidden, V, chunk, with_entropy)
     logp, lse, entropy = hidden.new_empty(M), hidden.new_empty(M), hidden.new_zeros(M)
+    last = None
     with torch.no_grad():
         products = _Products(weight, cast, bias, lowp, k, onednn)
         for s in range(0, M, k):
@@ -232,7 +243,8 @@ def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cas
             if with_entropy:
                 z.sub_(lse[s:e, None])                                                 # log p
                 entropy[s:e] = -torch.exp(z, out=probs[:e - s]).mul_(z).sum(dim=-1)   # -sum p log p
-    return logp, entropy, lse
+                last = (s, z)
+    return logp, entropy, lse, last
 
 
 def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
@@ -254,8 +266,8 @@ def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Ten
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad))
     if not grad:
-        logp, entropy, _ = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk_size, cast, lowp,
-                                    onednn)
+        logp, entropy, _, _ = _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk_size, cast, lowp,
+                                       onednn)
         return logp[:M], entropy[:M]
     into = ((type(head) is GradIntoLinear or (type(head) is DnnLinear and head.grad_into))
             and weight.is_leaf and (bias is None or bias.is_leaf))

@@ -56,6 +56,37 @@ def test_values_and_gradients_equal_the_float64_formula(tau, bias, entropy_grad,
     assert x.grad.abs().max() > 0.1 and head.weight.grad.abs().max() > 0.1
 
 
+@pytest.mark.parametrize("chunk,recomputed", [(37, 0), (64, 0), (8, 4)])
+def test_backward_reuses_the_last_chunks_log_probs_the_buffer_still_holds(monkeypatch, chunk, recomputed):
+    """With the entropy (the update's call), the forward leaves log p of its last chunk in the buffer and the
+    backward starts from it: the logits are recomputed for the other chunks only (37 tokens in chunks of 8: 4 of
+    5). If something wrote into the buffer in between (another forward here), the backward recomputes every chunk,
+    and the gradients are the float64 formula's either way."""
+    h, w, b, tokens, g_logp, _ = leaves(bias=True)
+    head = torch.nn.Linear(8, 29, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.copy_(w)
+        head.bias.copy_(b)
+    calls = []
+    real = fused_head._Products.logits_into
+    monkeypatch.setattr(fused_head._Products, "logits_into", lambda *a: calls.append(1) or real(*a))
+    w64, b64 = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    want, _ = reference(h, w64, b64, tokens, 0.9)
+    (want * g_logp).sum().backward()
+    chunks = -(-37 // chunk)
+    for overwritten in (False, True):
+        head.zero_grad(set_to_none=True)
+        logp, _ = fused_head.head_logprobs(head, h, tokens, 0.9, True, chunk)
+        if overwritten:
+            with torch.no_grad():
+                fused_head.head_logprobs(head, h.flip(0), tokens, 0.9, True, chunk)
+        calls.clear()
+        (logp * g_logp).sum().backward()
+        assert len(calls) == (chunks if overwritten else recomputed)
+        torch.testing.assert_close(head.weight.grad, w64.grad, rtol=0, atol=1e-12)
+        torch.testing.assert_close(head.bias.grad, b64.grad, rtol=0, atol=1e-12)
+
+
 def test_in_place_weight_gradients_accumulate_into_grad_over_two_passes():
     """A GradIntoLinear head: dW is added into .grad (autograd gets None), twice = the float64 sum of both."""
     h, w, b, tokens, g_logp, _ = leaves(bias=True)
