@@ -33,6 +33,13 @@ CONFIGS: dict[str, dict] = {
     "edge_grpo-preset": {"algorithm.preset": "edge_grpo"},         # beta 0, guided error correction
     "grpo-beta0-lr1e-4": {"algorithm.beta": 0.0, "optim.lr": 1e-4},
     "edge_grpo-preset-lr1e-4": {"algorithm.preset": "edge_grpo", "optim.lr": 1e-4},
+    # 2026-11-26: the entropy terms at 5x GTPO's weight, and both methods at 10x the demo's learning rate
+    "gtpo-0.5-lr1e-4": {"algorithm.entropy_advantage": "gtpo", "algorithm.entropy_reward_weight": 0.5,
+                        "algorithm.beta": 0.0, "optim.lr": 1e-4},
+    "grpo_s-0.5-lr1e-4": {"algorithm.entropy_advantage": "grpo_s", "algorithm.entropy_reward_weight": 0.5,
+                          "algorithm.beta": 0.0, "optim.lr": 1e-4},
+    "grpo-beta0-lr3e-4": {"algorithm.beta": 0.0, "optim.lr": 3e-4},
+    "edge_grpo-preset-lr3e-4": {"algorithm.preset": "edge_grpo", "optim.lr": 3e-4},
 }
 
 CHILD = """
