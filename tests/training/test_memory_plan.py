@@ -77,11 +77,11 @@ def test_roomy_budget_keeps_the_speed_heuristic_and_no_checkpointing():
     plan = plan_memory(M, S, in_use=IN_USE, budget=10 ** 8, auto_tokens=64)
     assert (plan.micro_batch_tokens, plan.gradient_checkpointing, plan.logprob_chunk_size) == (64, False, 83_886)
     # micro-batch of 2 rows = 64 tokens; in use 1,000,000, moments 80,000, gradients (update only) 40,000;
-    # head 3 x 4 x 64 x 100 = 76,800
+    # head 3 x 4 x 64 x 100 = 76,800; the no-grad passes take NO_GRAD_TOKENS (704): the whole batch, 128 tokens
     assert dict(plan.phases) == {"rollout": 1_080_000 + 57_344 + 196_608,
-                                 "reference": 1_080_000 + 64 * 4096 + 76_800,        # (8 x 64 + 4 x 128) x 4 B
+                                 "reference": 1_080_000 + 128 * 4096 + 153_600,     # (8 x 64 + 4 x 128) x 4 B
                                  "update": 1_120_000 + 64 * 2432 * 4 + 76_800}
-    assert plan.estimate_bytes == 1_819_392 and plan.chosen_by == "planner" and plan.logprob_tokens == 64
+    assert plan.estimate_bytes == 1_819_392 and plan.chosen_by == "planner" and plan.logprob_tokens == 704
 
 
 def test_tight_budget_turns_checkpointing_on():
@@ -267,15 +267,23 @@ def test_rollout_precision_sizes_the_rollout_phase_only(monkeypatch):
     assert seen == [torch.bfloat16, None]
 
 
-def test_no_grad_passes_take_the_update_budget_unless_configured():
-    """train.logprob_micro_batch_tokens: 0 = the update's micro-batch tokens, -1 = no limit, else as given; the
-    reference phase is estimated at that budget (by hand: M, S above, rows of 32 tokens; a no-grad micro-batch
-    costs the moments (80,000), 8 x 64 + 4 x 128 = 1024 values (4096 bytes) per token and its head chunk)."""
-    assert no_grad_budget(32) == 32 and no_grad_budget(-1) == -1
+def test_no_grad_passes_take_at_least_no_grad_tokens_unless_configured():
+    """train.logprob_micro_batch_tokens: 0 = the update's micro-batch tokens or NO_GRAD_TOKENS (704), whichever is
+    larger, -1 = no limit, else as given; the reference phase is estimated at that budget (by hand: M, S above, rows
+    of 32 tokens; a no-grad micro-batch costs the moments (80,000), 8 x 64 + 4 x 128 = 1024 values (4096 bytes) per
+    token and its head chunk). When the larger auto budget does not fit, the update's is taken."""
+    assert no_grad_budget(32) == 704 and no_grad_budget(2048) == 2048 and no_grad_budget(-1) == -1
     assert no_grad_budget(32, 96) == 96 and no_grad_budget(32, -1) == -1
     plan = plan_memory(M, S, in_use=IN_USE, budget=10 ** 9, auto_tokens=32, logprob_chunk_size=64)
-    assert (plan.micro_batch_tokens, plan.no_grad_tokens, plan.logprob_tokens) == (32, 32, 32)
-    assert dict(plan.phases)["reference"] == IN_USE + 80_000 + 32 * 4096 + 3 * 4 * 32 * 100
+    assert (plan.micro_batch_tokens, plan.no_grad_tokens, plan.logprob_tokens) == (32, 704, 704)
+    assert dict(plan.phases)["reference"] == IN_USE + 80_000 + 128 * 4096 + 3 * 4 * 64 * 100   # all 4 rows
+    # a budget between the update's peak and the reference phase at 704 tokens: the no-grad passes fall back to 32
+    update = dict(plan.phases)["update"]
+    assert update < dict(plan.phases)["reference"]
+    narrow = plan_memory(M, S, in_use=IN_USE, budget=update, auto_tokens=32, logprob_chunk_size=64,
+                         gradient_checkpointing=False)
+    assert (narrow.micro_batch_tokens, narrow.logprob_tokens) == (32, 32)
+    assert dict(narrow.phases)["reference"] == IN_USE + 80_000 + 32 * 4096 + 3 * 4 * 32 * 100
     wide = plan_memory(M, S, in_use=IN_USE, budget=10 ** 9, auto_tokens=32, logprob_chunk_size=64,
                        logprob_micro_batch_tokens=128)
     assert (wide.micro_batch_tokens, wide.logprob_tokens) == (32, 128) and "logprob_micro_batch_tokens=128" in wide.describe()
