@@ -37,7 +37,7 @@ def split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], di
     for key, value in flat.items():
         if not isinstance(key, str):
             raise ConfigError(f"config keys must be strings, got {key!r}")
-        if key in SECTIONS:
+        if key in SECTIONS or ("." not in key and isinstance(value, dict)):   # a mapping: a section (misspelt: error)
             nested[key] = value
         elif "." in key:
             ours[key] = value
@@ -72,8 +72,8 @@ def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, 
         return build_config(None, overrides)
     if isinstance(config, Config):
         return build_config(to_dict(config), overrides) if overrides else config
-    if isinstance(config, (str, Path)):
-        return build_config(load_yaml(config), overrides)
+    if isinstance(config, (str, Path)):       # a YAML file: sections, section.key and TRL keys, as a dict
+        config = load_yaml(config)
     if dataclasses.is_dataclass(config) and not isinstance(config, type):   # e.g. TRL's GRPOConfig object
         config = changed_fields(config)
     if not isinstance(config, dict):

@@ -17,7 +17,7 @@ from grpo.cli.pipeline import add_parser as add_pipeline_parser
 from grpo.cli.report import add_parser as add_report_parser
 from grpo.cli.reward_model import add_parser as add_reward_model_parser
 from grpo.cli.sample import add_parser as add_sample_parser
-from grpo.config import ConfigError, build_config, field_help, load_yaml
+from grpo.config import ConfigError, field_help, load_yaml
 
 # Common options with flags of their own, and the config key each one sets.
 FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "train.output_dir",
@@ -26,7 +26,10 @@ FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "tr
 
 TRAIN_EPILOG = """\
 Any config key can be set as --section.key VALUE (VALUE is read as YAML: 0.1, true, [a, b]).
-Precedence: defaults < --algorithm preset < --config FILE < --section.key < the flags above.
+TRL GRPOConfig / `trl grpo` names work too, as flags (--learning_rate 1e-6, --use_peft) and at the top
+level of --config FILE (docs/migrating-from-trl.md); a section.key always wins over a TRL name.
+Precedence: defaults < --algorithm preset < --config FILE's sections < TRL names (file, then flags)
+  < section.key (file, then flags) < the flags above.
 Examples:
   grpo train                                   # embedded arithmetic task and base policy
   grpo train --config my.yaml --max-steps 50 --algorithm.beta 0.0 --rollout.num_generations 16
@@ -54,15 +57,26 @@ Weights and other reward/data keys come from --config and --section.key VALUE op
 """
 
 
-def parse_overrides(tokens: list[str]) -> dict[str, Any]:
-    """['--a.b', '1', '--c.d=x'] -> {'a.b': 1, 'c.d': 'x'}; anything else is an error."""
+def parse_overrides(tokens: list[str], trl: bool = False) -> dict[str, Any]:
+    """['--a.b', '1', '--c.d=x'] -> {'a.b': 1, 'c.d': 'x'}; anything else is an error. With `trl`, TRL
+    GRPOConfig names are taken too (`--learning_rate 1e-6`, `--num-generations 8`; a bare `--use_peft` is
+    true), under their TRL name, for grpo.config.trl to map."""
+    from grpo.config.trl import TRL_KEYS, is_trl_key
+
     out: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
         tok = tokens[i]
-        if not tok.startswith("--") or "." not in tok:
-            raise ConfigError(f"unrecognised argument '{tok}' (config keys are given as --section.key VALUE)")
         key, eq, value = tok[2:].partition("=")
+        name = key.replace("-", "_")
+        is_trl = tok.startswith("--") and "." not in key and is_trl_key(name)
+        if is_trl and trl:
+            key = name
+            if not eq and (i + 1 >= len(tokens) or tokens[i + 1].startswith("--")):
+                eq, value = "=", "true"                            # a bare TRL flag: --use_peft, --bf16
+        elif not tok.startswith("--") or "." not in tok:
+            hint = f"; TRL's {name} is --{TRL_KEYS[name][0]} here" if is_trl and name in TRL_KEYS else ""
+            raise ConfigError(f"unrecognised argument '{tok}' (config keys are given as --section.key VALUE{hint})")
         if not eq:
             if i + 1 >= len(tokens):
                 raise ConfigError(f"config key '{key}' needs a value")
@@ -76,14 +90,19 @@ def parse_overrides(tokens: list[str]) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace, extra: list[str]):
-    nested = load_yaml(args.config) if args.config else {}
-    overrides = parse_overrides(extra)
+    """grpo train's config: the --config file (sections, and TRL GRPOConfig keys at its top level), the TRL
+    names given as flags, then --section.key options, then the named flags. A section.key always wins over
+    a TRL name; the TRL keys are mapped together (grpo.config.trl), so batch keys combine across both."""
+    from grpo.api.inputs import resolve_config
+
+    given = {**(load_yaml(args.config) if args.config else {}), **parse_overrides(extra, trl=True)}
+    overrides = {k: given.pop(k) for k in [k for k in given if "." in k]}
     for flag, key in FLAG_KEYS.items():
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
     if args.reward:
         overrides["reward.functions"] = args.reward
-    return build_config(nested, overrides)
+    return resolve_config(given, overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
@@ -189,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML config file (sections: model, lora, data, rollout, reward, algorithm, optim, train, log, health).")
     p.add_argument("--model", help="Local Hugging Face model directory (default: the embedded base policy).")
     p.add_argument("--dataset", help="Prompt dataset: .jsonl/.json/.csv/.parquet or a save_to_disk directory (default: the embedded arithmetic task).")
-    p.add_argument("--reward", action="append", help="Reward function: a built-in name or file.py:function (repeatable).")
+    p.add_argument("--reward", action="append", help="Reward function: a built-in name, file.py:function, package.module.function or a "
+                   "reward-model directory (repeatable).")
     p.add_argument("--output-dir", dest="output_dir", help="Output directory (metrics.jsonl, config.yaml, checkpoint).")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="Number of GRPO steps.")
     p.add_argument("--seed", type=int, help="Random seed.")

@@ -5,6 +5,7 @@ key listings that `--help-config` and the unknown-key error print."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -103,8 +104,43 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def close_names(name: str, candidates: list[str], n: int = 3) -> list[str]:
+    """The candidates most like `name`, best first: the same last part under another section ('train.lr' ->
+    'optim.lr'; shallower keys first), then a near spelling of the last part among its siblings, or of the
+    whole name (or a name it abbreviates) when its section is unknown too."""
+    section, _, leaf = name.rpartition(".")
+    leaf_of = {c: c.rpartition(".")[2] for c in candidates}
+    same_leaf = sorted((c for c in candidates if leaf_of[c] == leaf), key=lambda c: c.count("."))
+    siblings = {leaf_of[c]: c for c in candidates if c.rpartition(".")[0] == section}
+    if section and siblings:
+        near = [siblings[m] for m in difflib.get_close_matches(leaf, list(siblings), n=n, cutoff=0.6)]
+    else:                                    # a near spelling, or an abbreviation ('algo' -> 'algorithm')
+        near = difflib.get_close_matches(name, candidates, n=n, cutoff=0.75)
+        near += [c for c in candidates if len(name) >= 3 and c.startswith(name)]
+    return list(dict.fromkeys(same_leaf + near))[:n]
+
+
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    """The hint ` (did you mean 'x' or 'y'?)` for the closest candidates ('' when none is close)."""
+    close = close_names(name, candidates)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
 def _unknown(key: str) -> ConfigError:
-    return ConfigError(f"unknown config key '{key}'; valid keys: {', '.join(valid_keys())}")
+    """The error for an unknown key: the closest valid keys, then its section's keys (or the sections)."""
+    section = key.partition(".")[0]
+    keys = valid_keys()
+    if section in SECTIONS:
+        listing = f"keys of section {section}: {', '.join(k for k in keys if k.startswith(section + '.'))}"
+    else:
+        listing = f"sections: {', '.join(SECTIONS)} (`grpo train --help-config` lists every key)"
+    from grpo.config.trl import TRL_KEYS                    # a TRL name under a section: 'optim.learning_rate'
+
+    leaf = key.rpartition(".")[2]
+    hint = did_you_mean(key, keys if "." in key else list(SECTIONS))
+    if leaf in TRL_KEYS and not hint:
+        hint = f" (did you mean '{TRL_KEYS[leaf][0]}', TRL's {leaf}?)"
+    return ConfigError(f"unknown config key '{key}'{hint}; {listing}")
 
 
 def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:

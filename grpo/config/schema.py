@@ -126,7 +126,8 @@ class RewardConfig:
                               "dataset is given; with a dataset, name at least one): built-in names (accuracy, format, math_accuracy, "
                               "think_format, tag_count, cosine_length, repetition_penalty, soft_overlong, "
                               "language_consistency, code_execution; parameters as name:key=value,...), "
-                              "`path/to/file.py:function` (sync or async) or a reward-model directory.")
+                              "`path/to/file.py:function` (sync or async), an import path package.module.function "
+                              "(TRL's reward_funcs form) or a reward-model directory.")
     weights: list[float] | None = _f(None, "One weight per reward function (default: all 1.0).")
     process_functions: list[str] = _f([], "Step-reward functions (process supervision, DeepSeekMath 4.1.3): "
                                       "`file.py:function` returning one reward per reasoning step.")

@@ -3,9 +3,13 @@
 :func:`from_trl` turns a flat dict of TRL keys into our `section.key` overrides. Every key in
 :data:`TRL_KEYS` maps to one of ours, with the value converted where the vocabularies differ
 (`loss_type`, `scale_rewards`, `lr_scheduler_type`, `report_to`, `bf16`/`fp16`). A few TRL keys
-combine into one of ours (:data:`BATCH_KEYS`, :data:`REF_SYNC_KEYS`). A TRL key with no equivalent
-is an error that names it. Only the keys given are mapped: TRL's defaults are not ours (TRL's beta
-is 0.0, ours 0.04; write `beta` explicitly to match a TRL run).
+combine into one of ours (:data:`BATCH_KEYS`, :data:`REF_SYNC_KEYS`, :data:`REWARD_KEYS`). The model,
+dataset and reward keys of TRL's ModelConfig and `trl grpo` script arguments (`model_name_or_path`,
+`dtype`, `use_peft`, `lora_r`, `dataset_name`, `reward_funcs`, ...) map too, so a `trl grpo --config`
+file is read as it is. Keys that change nothing here (:data:`NO_EFFECT`: logging cadence, the vLLM
+backend) are accepted with a note; any other TRL key is an error that names it. Only the keys given are
+mapped: TRL's defaults are not ours (TRL's beta is 0.0, ours 0.04; write `beta` explicitly to match a
+TRL run).
 """
 
 from __future__ import annotations
@@ -41,6 +45,15 @@ def _lr_scheduler(value: Any) -> str:
     if value not in table:
         raise ConfigError(f"TRL key 'lr_scheduler_type': '{value}' has no equivalent here (known: {', '.join(table)})")
     return table[value]
+
+
+def _dtype(value: Any) -> str:
+    """TRL ModelConfig dtype / torch_dtype -> model.dtype ('auto' = the checkpoint's: no equivalent here)."""
+    names = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+             "float16": "float16", "fp16": "float16"}
+    if str(value) not in names:
+        raise ConfigError(f"TRL key 'dtype': '{value}' has no equivalent here; set float32, bfloat16 or float16")
+    return names[str(value)]
 
 
 def _report_to(value: Any) -> list[str]:
@@ -89,6 +102,19 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "report_to": ("log.report_to", _report_to),
     "run_name": ("log.run_name", _same),
     "disable_tqdm": ("log.progress_bar", lambda v: not v),
+    # TRL's ModelConfig and ScriptArguments: the model and dataset keys of a `trl grpo --config` file
+    "model_name_or_path": ("model.path", _same),
+    "dtype": ("model.dtype", _dtype),
+    "torch_dtype": ("model.dtype", _dtype),
+    "trust_remote_code": ("model.trust_remote_code", _same),
+    "attn_implementation": ("model.attn_implementation", _same),
+    "use_peft": ("lora.enabled", _same),
+    "lora_r": ("lora.r", _same),
+    "lora_alpha": ("lora.alpha", _same),
+    "lora_dropout": ("lora.dropout", _same),
+    "lora_target_modules": ("lora.target_modules", lambda v: ["all-linear"] if v is None else v),
+    "dataset_name": ("data.dataset", _same),
+    "dataset_train_split": ("data.split", _same),
 }
 
 #: TRL's batch keys: completions per device per forward/backward, and the accumulation steps of one
@@ -100,10 +126,23 @@ REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alph
 #: TRL defaults used when only some of the combined keys are given.
 TRL_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8,
                 "ref_model_sync_steps": 512, "ref_model_mixup_alpha": 0.6}
+#: TRL's `trl grpo` reward arguments: a reward model, then reward functions (names or import paths).
+REWARD_KEYS = ("reward_model_name_or_path", "reward_funcs")
 #: Precision flags.
 PRECISION_KEYS = {"bf16": "bf16", "fp16": "fp16"}
 
-ALL_KEYS = set(TRL_KEYS) | set(BATCH_KEYS) | set(REF_SYNC_KEYS) | set(PRECISION_KEYS)
+#: TRL keys that change nothing a run computes here, and why: accepted with a printed note.
+NO_EFFECT = {
+    **dict.fromkeys(("logging_steps", "logging_first_step", "logging_strategy"), "every step is logged"),
+    "log_level": "grpo prints its own lines",
+    **dict.fromkeys(("log_completions", "num_completions_to_print"),
+                    "sample completions: log.samples_per_step and report.html"),
+    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size"),
+                    "grpo's own sampler generates the rollouts"),
+}
+
+ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
+            | set(NO_EFFECT))
 
 
 def is_trl_key(key: str) -> bool:
@@ -133,6 +172,16 @@ def _ref_sync(trl: dict[str, Any]) -> dict[str, Any]:
             "algorithm.ref_mix_alpha": trl.get("ref_model_mixup_alpha", TRL_DEFAULTS["ref_model_mixup_alpha"])}
 
 
+def _rewards(trl: dict[str, Any]) -> dict[str, Any]:
+    """reward_model_name_or_path (a directory) and reward_funcs -> reward.functions, the model first as in TRL.
+    A name goes through grpo.rewards.load_reward: our built-ins, `package.module.function`, file.py:function."""
+    if not any(trl.get(k) for k in REWARD_KEYS):
+        return {}
+    funcs = trl.get("reward_funcs") or []
+    model = [trl["reward_model_name_or_path"]] if trl.get("reward_model_name_or_path") else []
+    return {"reward.functions": model + ([funcs] if isinstance(funcs, str) else list(funcs))}
+
+
 def _precision(trl: dict[str, Any]) -> dict[str, Any]:
     on = [PRECISION_KEYS[k] for k in PRECISION_KEYS if trl.get(k)]
     if len(on) > 1:
@@ -143,11 +192,17 @@ def _precision(trl: dict[str, Any]) -> dict[str, Any]:
 
 def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], list[str]]:
     """Our `section.key` overrides for a flat dict of TRL GRPOConfig keys, and one `trl_key -> our.key`
-    line per key (what was mapped). A key with no equivalent raises ConfigError naming it."""
+    line per key (what was mapped, or ignored: :data:`NO_EFFECT`). Keys with no equivalent raise one
+    ConfigError naming them all, each with the closest TRL key or section when one is near."""
     unknown = [k for k in trl if k not in ALL_KEYS]
     if unknown:
-        raise ConfigError(f"TRL key '{unknown[0]}' has no equivalent in grpo (docs/migrating-from-trl.md lists the "
-                          f"mapped keys; our own keys are given as section.key)")
+        from grpo.config.build import did_you_mean
+        from grpo.config.schema import SECTIONS
+
+        named = ", ".join(f"'{k}'{did_you_mean(k, sorted(ALL_KEYS) + list(SECTIONS))}" for k in unknown)
+        raise ConfigError(f"{'key' if len(unknown) == 1 else 'keys'} {named}: no TRL key grpo maps, nor one of its "
+                          f"sections (docs/migrating-from-trl.md lists the mapped TRL keys; our own keys are "
+                          f"given as section.key)")
     overrides: dict[str, Any] = {}
     lines: list[str] = []
     for key, value in trl.items():
@@ -155,8 +210,10 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
             ours, convert = TRL_KEYS[key]
             overrides[ours] = convert(value)
             lines.append(f"{key} -> {ours}")
+        elif key in NO_EFFECT:
+            lines.append(f"{key} ignored ({NO_EFFECT[key]})")
     for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (REF_SYNC_KEYS, _ref_sync(trl)),
-                           (tuple(PRECISION_KEYS), _precision(trl))):
+                           (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl))):
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")

@@ -20,14 +20,17 @@ A reward is named by a spec (``--reward`` / ``reward.functions``):
 
 * a built-in name (grpo/rewards/builtin.py lists them), optionally with parameters:
   ``cosine_length:max_len=512,wrong_at_0=-1`` (the whole spec is then the reward's name);
-* ``path/to/file.py:function`` (sync or ``async def``);
+* ``path/to/file.py:function`` (sync or ``async def``), or an import path ``package.module.function``
+  (resolved from the working directory first, as TRL's ``reward_funcs``);
 * a reward-model directory (grpo/rewards/reward_model.py).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +119,30 @@ def load_reward(spec: str) -> tuple[str, RewardFn]:
 
         return load_reward_model(spec)
     path, sep, fn_name = spec.rpartition(":")
+    if not sep and "." in spec and all(part.isidentifier() for part in spec.split(".")):
+        return load_module_reward(spec)
     if not sep or not path.endswith(".py"):
-        raise RewardError(f"unknown reward '{spec}': use one of {sorted(BUILTIN_REWARDS)}, path/to/file.py:function "
-                          "or a reward-model directory")
+        raise RewardError(f"unknown reward '{spec}': use one of {sorted(BUILTIN_REWARDS)}, path/to/file.py:function, "
+                          "an import path package.module.function or a reward-model directory")
     return load_file_reward(path, fn_name)
+
+
+def load_module_reward(spec: str) -> tuple[str, RewardFn]:
+    """``package.module.function`` imported with the working directory on the path first (TRL's
+    ``reward_funcs`` import paths)."""
+    module_name, _, fn_name = spec.rpartition(".")
+    cwd = str(Path.cwd())
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # the user's module: report which one failed and why, in one line
+        raise RewardError(f"reward '{spec}': module {module_name} failed to import: {type(e).__name__}: {e}") from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise RewardError(f"reward '{spec}': module {module_name} has no function '{fn_name}'")
+    return fn_name, fn

@@ -70,7 +70,8 @@ def _snapshot(directory: Path) -> dict[str, str]:
 # (case id, overrides of the tiny config (None = drop the key), extra argv, expected message; {root} = the files dir)
 CASES = [
     # configuration keys and values
-    ("unknown key", {}, ["--algorithm.betta", "0.1"], "unknown config key 'algorithm.betta'; valid keys: model.path"),
+    ("unknown key", {}, ["--algorithm.betta", "0.1"], "unknown config key 'algorithm.betta' (did you mean "
+     "'algorithm.beta'?); keys of section algorithm: algorithm.preset,"),
     ("unknown section in YAML", {}, ["--config", "{root}/unknown.yaml"], "unknown config key 'trainer'"),
     ("int key given text", {"train.max_steps": "abc"}, [], "config key 'train.max_steps' expects an integer, got 'abc'"),
     ("bool key given text", {"data.shuffle": "maybe"}, [], "config key 'data.shuffle' expects true/false, got 'maybe'"),

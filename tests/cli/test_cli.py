@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from grpo.cli.main import main, parse_overrides
+from grpo.config import ConfigError
 from grpo.modeling.models import build_model, build_tokenizer, load_policy
 
 
@@ -21,6 +22,18 @@ def micro_dir(tmp_path_factory):
 def test_parse_overrides():
     assert parse_overrides(["--algorithm.beta", "0", "--reward.functions=[a, b]", "--train.output_dir", "x/y"]) == {
         "algorithm.beta": 0, "reward.functions": ["a", "b"], "train.output_dir": "x/y"}
+
+
+def test_parse_overrides_takes_trl_names_for_grpo_train():
+    """TRL's flag spellings (underscores or hyphens, `--name=value`, a bare boolean) under their TRL names
+    (values read as YAML: 1e-6 stays text, which the config's float fields convert)."""
+    argv = ["--learning_rate", "1e-6", "--num-generations=4", "--use_peft", "--lora_r", "8", "--bf16", "--beta", "-0.5"]
+    assert parse_overrides(argv, trl=True) == {"learning_rate": "1e-6", "num_generations": 4, "use_peft": True,
+                                               "lora_r": 8, "bf16": True, "beta": -0.5}
+    with pytest.raises(ConfigError, match="TRL's learning_rate is --optim.lr here"):
+        parse_overrides(argv)
+    with pytest.raises(ConfigError, match="unrecognised argument '--logging_stepz'"):
+        parse_overrides(["--logging_stepz", "1"], trl=True)
 
 
 def test_train_two_steps_through_the_cli(micro_dir, tmp_path):
@@ -49,7 +62,10 @@ def test_train_two_steps_through_the_cli(micro_dir, tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--algorithm.betta", "0.1"], "unknown config key 'algorithm.betta'; valid keys: model.path"),
+    (["train", "--algorithm.betta", "0.1"],
+     "unknown config key 'algorithm.betta' (did you mean 'algorithm.beta'?); keys of section algorithm: algorithm.preset,"),
+    (["demo", "--learning_rate", "1e-6"], "unrecognised argument '--learning_rate' (config keys are given as --section.key "
+                                          "VALUE; TRL's learning_rate is --optim.lr here)"),
     (["train", "--rollout.num_generations", "1"], "rollout.num_generations must be >= 2"),
     (["train", "--config", "/nonexistent.yaml"], "config file not found: /nonexistent.yaml"),
     (["train", "--model", "/nonexistent-model", "--max-steps", "1"], "policy directory not found: /nonexistent-model"),

@@ -4,7 +4,7 @@ import pytest
 
 from grpo.config import ConfigError, build_config
 from grpo.api.inputs import resolve_config
-from grpo.config.trl import ALL_KEYS, TRL_KEYS, from_trl
+from grpo.config.trl import ALL_KEYS, NO_EFFECT, TRL_KEYS, from_trl
 
 #: (TRL keys, our keys that must give the same Config). Every key of TRL_KEYS appears at least once.
 CASES = [
@@ -65,6 +65,20 @@ CASES = [
      {"algorithm.ref_update_steps": 64, "algorithm.ref_mix_alpha": 0.9}),
     ({"sync_ref_model": True}, {"algorithm.ref_update_steps": 512, "algorithm.ref_mix_alpha": 0.6}),
     ({"sync_ref_model": False, "ref_model_sync_steps": 64}, {}),
+    # TRL's ModelConfig and `trl grpo` script arguments
+    ({"model_name_or_path": "models/qwen"}, {"model.path": "models/qwen"}),
+    ({"dtype": "bfloat16"}, {"model.dtype": "bfloat16"}),
+    ({"torch_dtype": "float16"}, {"model.dtype": "float16"}),
+    ({"trust_remote_code": True}, {"model.trust_remote_code": True}),
+    ({"attn_implementation": "eager"}, {"model.attn_implementation": "eager"}),
+    ({"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"]},
+     {"lora.enabled": True, "lora.r": 8, "lora.alpha": 16, "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"]}),
+    ({"lora_target_modules": None}, {"lora.target_modules": ["all-linear"]}),
+    ({"dataset_name": "data/prompts.jsonl", "dataset_train_split": "train"},
+     {"data.dataset": "data/prompts.jsonl", "data.split": "train"}),
+    ({"reward_funcs": ["accuracy", "my_rewards.reward_len"]}, {"reward.functions": ["accuracy", "my_rewards.reward_len"]}),
+    ({"reward_funcs": "format"}, {"reward.functions": ["format"]}),
+    ({"reward_model_name_or_path": "rm_dir", "reward_funcs": ["format"]}, {"reward.functions": ["rm_dir", "format"]}),
 ]
 
 
@@ -79,7 +93,14 @@ def test_trl_keys_resolve_to_our_keys(trl, ours):
 def test_every_mapped_key_is_in_the_table():
     covered = {k for trl, _ in CASES for k in trl}
     assert set(TRL_KEYS) <= covered
-    assert ALL_KEYS - {"bf16", "fp16", "report_to", "run_name"} <= covered
+    assert ALL_KEYS - {"bf16", "fp16", "report_to", "run_name"} - set(NO_EFFECT) <= covered
+
+
+@pytest.mark.parametrize("key", sorted(NO_EFFECT))
+def test_keys_without_effect_are_accepted_with_a_note(key):
+    overrides, lines = from_trl({key: 1, "beta": 0.0})
+    assert overrides == {"algorithm.beta": 0.0}
+    assert lines == [f"{key} ignored ({NO_EFFECT[key]})", "beta -> algorithm.beta"]
 
 
 def test_mapping_lines_name_both_keys():
@@ -103,8 +124,11 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
 
 
 @pytest.mark.parametrize("trl, message", [
-    ({"logging_steps": 10}, "TRL key 'logging_steps' has no equivalent"),
-    ({"use_vllm": True}, "TRL key 'use_vllm' has no equivalent"),
+    ({"push_to_hub": True}, "key 'push_to_hub': no TRL key grpo maps"),
+    ({"num_train_epochs": 3, "learning_rat": 1e-6, "algo": {}},
+     "keys 'num_train_epochs', 'learning_rat' \\(did you mean 'learning_rate'\\?\\), 'algo' \\(did you mean "
+     "'algorithm'\\?\\): no TRL key grpo maps, nor one of its sections"),
+    ({"torch_dtype": "auto"}, "TRL key 'dtype': 'auto' has no equivalent here; set float32, bfloat16 or float16"),
     ({"loss_type": "cispo"}, "TRL key 'loss_type': 'cispo' has no equivalent"),
     ({"lr_scheduler_type": "polynomial"}, "TRL key 'lr_scheduler_type': 'polynomial'"),
     ({"per_device_train_batch_size": 6, "num_generations": 4}, "not divisible by num_generations=4"),
@@ -128,5 +152,29 @@ def test_a_dataclass_config_object_maps_the_fields_the_user_set():
 
     cfg = resolve_config(GRPOConfig(output_dir="runs/x", learning_rate=5e-6))
     assert cfg == build_config(overrides={"train.output_dir": "runs/x", "optim.lr": 5e-6})
-    with pytest.raises(ConfigError, match="TRL key 'logging_steps' has no equivalent"):
-        resolve_config(GRPOConfig(logging_steps=1))
+    assert resolve_config(GRPOConfig(logging_steps=1)) == build_config()      # logging cadence: no effect here
+
+
+def test_a_trl_grpo_recipe_file_builds_as_it_is(tmp_path):
+    """A `trl grpo --config` YAML (GRPOConfig, ModelConfig and script keys at the top level) through the CLI's
+    config path gives the config of the same settings written with our keys."""
+    import argparse
+
+    from grpo.cli.main import config_from_args
+
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text("model_name_or_path: models/qwen\ndtype: bfloat16\ndataset_name: data/p.jsonl\n"
+                      "reward_funcs: [accuracy, format]\nreward_weights: [1.0, 0.5]\nlearning_rate: 1.0e-6\n"
+                      "lr_scheduler_type: cosine\nbeta: 0.0\nnum_generations: 4\nper_device_train_batch_size: 4\n"
+                      "gradient_accumulation_steps: 4\nmax_completion_length: 64\nmax_steps: 10\nbf16: true\n"
+                      "use_peft: true\nlora_r: 8\nlogging_steps: 5\nuse_vllm: false\noutput_dir: out/r\n")
+    args = argparse.Namespace(config=str(recipe), reward=None, **{k: None for k in ("model", "dataset", "output_dir",
+                              "max_steps", "seed", "algorithm", "resume")})
+    cfg = config_from_args(args, ["--learning-rate", "2e-6", "--lora.r", "4"])      # CLI after file; ours win
+    assert cfg == build_config(overrides={
+        "model.path": "models/qwen", "model.dtype": "bfloat16", "data.dataset": "data/p.jsonl",
+        "reward.functions": ["accuracy", "format"], "reward.weights": [1.0, 0.5], "optim.lr": 2e-6,
+        "optim.lr_scheduler": "cosine", "algorithm.beta": 0.0, "rollout.num_generations": 4,
+        "train.micro_batch_size": 4, "train.prompts_per_step": 4, "rollout.max_new_tokens": 64,
+        "train.max_steps": 10, "train.precision": "bf16", "lora.enabled": True, "lora.r": 4,
+        "train.output_dir": "out/r"})

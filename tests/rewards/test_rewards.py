@@ -1,5 +1,6 @@
 import asyncio
 import math
+import sys
 
 import pytest
 import torch
@@ -475,3 +476,20 @@ def test_reward_timeout_config_key():
     assert build_config(overrides={"reward.timeout_s": 30}).reward.timeout_s == 30.0
     with pytest.raises(ConfigError, match="reward.timeout_s must be >= 0"):
         build_config(overrides={"reward.timeout_s": -1})
+
+
+def test_an_import_path_names_a_reward_as_in_trl(tmp_path, monkeypatch):
+    """`package.module.function` (TRL's reward_funcs form) imports from the working directory first."""
+    pkg = tmp_path / "myrewards"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "lengths.py").write_text("def reward_len(completions, **kw):\n    return [-abs(20 - len(c)) for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "myrewards", raising=False)
+    name, fn = load_reward("myrewards.lengths.reward_len")
+    assert name == "reward_len" and fn(completions=["x" * 18, "x" * 25]) == [-2, -5]
+    assert str(tmp_path) not in sys.path                      # the path is restored
+    with pytest.raises(RewardError, match="reward 'myrewards.lengths.nope': module myrewards.lengths has no function 'nope'"):
+        load_reward("myrewards.lengths.nope")
+    with pytest.raises(RewardError, match="reward 'nosuchpkg.f': module nosuchpkg failed to import: ModuleNotFoundError"):
+        load_reward("nosuchpkg.f")
