@@ -5,8 +5,9 @@ Reward functions are called **by keyword**, exactly as TRL's GRPOTrainer calls t
 
     fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
 
-Every function of one scoring call is called once on the whole batch. Plain functions run one
-after the other; ``async def`` functions (anything returning an awaitable) are then awaited
+plus TRL's ``trainer_state``, ``log_metric`` and ``log_extra`` for a function that takes them
+(grpo/rewards/context.py). Every function of one scoring call is called once on the whole batch.
+Plain functions run one after the other; ``async def`` functions (anything returning an awaitable) are then awaited
 *concurrently*, all in one event loop (``asyncio.gather``). When the caller is itself inside a
 running event loop (a notebook), that loop is left alone and the gather runs in a helper thread.
 Each function gets its own copy of every argument list; ``timeout_s`` > 0 runs a sync function in a
@@ -21,6 +22,8 @@ import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
+
+from grpo.rewards.context import context_kwargs
 
 RewardFn = Callable[..., Any]
 #: With a timeout, extra seconds given to the event loop of the async functions to wind down.
@@ -132,10 +135,11 @@ def _start(fn: RewardFn, prompts: list, completions: list, columns: dict[str, li
     """``fn(prompts=, completions=, **columns)`` on its own copies of the arguments: its result,
     awaitable, or the exception it raised (an :class:`ArgumentMismatch`, without calling it, when its
     parameters cannot take the keywords; a :class:`RewardTimeout` when ``timeout_s`` > 0 ran out)."""
-    kwargs = reward_kwargs(own_copy(prompts), own_copy(completions), {k: own_copy(v) for k, v in columns.items()})
+    batch = reward_kwargs(own_copy(prompts), own_copy(completions), {k: own_copy(v) for k, v in columns.items()})
+    kwargs = {**batch, **context_kwargs(fn)}   # + TRL's trainer_state, log_metric, log_extra it takes (context.py)
     problem = argument_problem(fn, kwargs)
     if problem:
-        return ArgumentMismatch(f"cannot take its arguments: {problem} (called with {', '.join(kwargs)}); "
+        return ArgumentMismatch(f"cannot take its arguments: {problem} (called with {', '.join(batch)}); "
                                 f"{CALL_HINT}")
     if timeout_s > 0:
         return in_thread(lambda: _call_contained(fn, kwargs), timeout_s)

@@ -57,6 +57,7 @@ from grpo.rewards.calling import (CALL_HINT, LOOP_GRACE_S, ArgumentMismatch, Rew
                                   RewardError, RewardTimeout, _CALL_ERRORS, argument_problem, in_thread, own_copy, reward_kwargs,
                                   run_calls)
 from grpo.algorithms.advantages import weighted_nansum
+from grpo.rewards.context import unlogged
 from grpo.rewards.text import as_text
 from grpo.types import Scored
 
@@ -174,8 +175,9 @@ def locate(name: str, fn: RewardFn, prompts: list, completions: list, columns: d
 
     Returns the per-completion values and one failure per completion that fails alone.
     """
-    outs = run_calls([(fn, [prompts[i]], [completions[i]], row_columns(columns, i)) for i in range(len(completions))],
-                     timeout_s)
+    with unlogged():                     # the batch call's log_metric / log_extra stand; these calls log nothing
+        outs = run_calls([(fn, [prompts[i]], [completions[i]], row_columns(columns, i))
+                          for i in range(len(completions))], timeout_s)
     values, failures = [], []
     for i, out in enumerate(outs):
         value, problem, hint = None, None, ""

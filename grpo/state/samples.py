@@ -31,8 +31,10 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-def pick_samples(step: int, exp: Experience, group_size: int, k: int) -> list[dict[str, Any]]:
-    """The step's `k` saved samples: best and worst (by total reward, NaN lowest) of the first groups."""
+def pick_samples(step: int, exp: Experience, group_size: int, k: int,
+                 extra: dict[str, list] | None = None) -> list[dict[str, Any]]:
+    """The step's `k` saved samples: best and worst (by total reward, NaN lowest) of the first groups;
+    `extra`: columns of one value per completion (a reward's ``log_extra``), kept under ``extra``."""
     groups, out = exp.groups, []
     total = groups.total.detach().cpu().double()                                   # [N]
     adv = exp.advantages.values.detach().cpu().double()                            # [N] or [N, T]
@@ -49,7 +51,7 @@ def pick_samples(step: int, exp: Experience, group_size: int, k: int) -> list[di
             out.append({"step": step, "group": g, "kind": kind, "prompt": _text(groups.prompts[i]),
                         "completion": _text(groups.completions[i]), "total": _num(total[i]),
                         "rewards": {n: _num(groups.per_function[i, j]) for j, n in enumerate(names)},
-                        "advantage": _num(adv[i])})
+                        "advantage": _num(adv[i]), **({"extra": {c: v[i] for c, v in extra.items()}} if extra else {})})
     return out[:k]
 
 

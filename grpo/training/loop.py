@@ -47,6 +47,7 @@ from grpo.training.run_checks import check_run, longest_prompt
 from grpo.events import emit
 from grpo.health import HealthMonitor
 from grpo.state.samples import SAMPLES_FILE, pick_samples, write_samples
+from grpo.rewards.context import TrainerState, reward_context
 from grpo.state.signals import GracefulStop
 from grpo.types import TrainBatch
 from grpo.training.update import UpdateStats, build_optimizer, policy_update
@@ -179,7 +180,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
             for step in range(first, tc.max_steps + 1):
                 runtime.reset_memory_stats()
                 t0 = time.perf_counter()
-                with autocast(runtime.device, tc.precision):     # train.precision: forward passes only
+                progress = TrainerState.before(step, tc.max_steps, tc.prompts_per_step, len(prompt_set.rows))
+                with reward_context(progress) as reward_log, autocast(runtime.device, tc.precision):   # train.precision
                     exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
                                           state.reference, run_cfg, runtime.device, max_tokens=budget, env=job.env,
                                           critic=critic_of(state.extras))
@@ -195,8 +197,11 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 extra = {k: v for x in state.extras for k, v in x.after_step(step, exp).items()}  # e.g. RM retraining
                 record = {**step_metrics(step, world.view(exp), mean_stats(stats), times, prompt_set),
                           **runtime.memory_metrics(), **extra}
+                logged, extra_columns = reward_log.finish(record, len(exp.groups.completions))  # log_metric, log_extra
+                record.update(logged)
                 if held_out is not None and step % tc.eval_steps == 0 and world.is_main:   # train.eval_steps
-                    record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
+                    with reward_context(progress):
+                        record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
                 if step == first and world.is_main:
                     begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
                 findings = health.observe(record)              # health/<rule> levels go into the record
@@ -204,7 +209,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 health.report(findings)                        # console, alerts.jsonl
                 if world.is_main and cfg.log.samples_per_step:
                     write_samples(out / SAMPLES_FILE, pick_samples(step, exp, cfg.rollout.num_generations,
-                                                                   cfg.log.samples_per_step))
+                                                                   cfg.log.samples_per_step, extra_columns))
                 callbacks.alert(findings)
                 asked = callbacks.step_end(step, record) or health.halt is not None   # health.halt_on
                 emit("step", step)
