@@ -89,6 +89,39 @@ def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, 
     return build_config(nested, {**mapped, **ours, **overrides})
 
 
+#: peft LoraConfig fields -> our keys (TRL's ``peft_config=``), and the fields that change nothing here.
+PEFT_KEYS = {"r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
+             "target_modules": "lora.target_modules"}
+PEFT_NO_EFFECT = {"peft_type", "peft_version", "task_type", "inference_mode", "base_model_name_or_path", "revision",
+                  "fan_in_fan_out"}
+
+
+def peft_overrides(peft_config: Any, model_type: str | None) -> dict[str, Any]:
+    """Our `lora.*` keys for a peft ``LoraConfig`` passed as TRL's ``peft_config=``: r, lora_alpha, lora_dropout
+    and target_modules (None: peft's default for `model_type`, as get_peft_model picks it). Any other field
+    set away from peft's default is an error naming it."""
+    if type(peft_config).__name__ != "LoraConfig" or not dataclasses.is_dataclass(peft_config):
+        raise ConfigError(f"peft_config must be a peft LoraConfig (the only adapter type here), got "
+                          f"{type(peft_config).__name__}")
+    if getattr(peft_config, "task_type", None) not in (None, "CAUSAL_LM"):
+        raise ConfigError(f"peft_config.task_type {peft_config.task_type!s}: grpo trains causal LMs (CAUSAL_LM)")
+    other = sorted(k for k in changed_fields(peft_config) if k not in PEFT_KEYS and k not in PEFT_NO_EFFECT)
+    if other:
+        raise ConfigError(f"peft_config fields with no equivalent here: {', '.join(other)} (grpo's LoRA takes r, "
+                          f"lora_alpha, lora_dropout and target_modules)")
+    targets = peft_config.target_modules
+    if targets is None:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+        if model_type not in DEFAULTS:
+            raise ConfigError(f"peft_config.target_modules is None and peft has no default for model type "
+                              f"{model_type!r}: name the modules (or 'all-linear')")
+        targets = DEFAULTS[model_type]
+    return {"lora.enabled": True, "lora.r": peft_config.r, "lora.alpha": peft_config.lora_alpha,
+            "lora.dropout": peft_config.lora_dropout,
+            "lora.target_modules": [targets] if isinstance(targets, str) else sorted(targets)}
+
+
 # ---------------------------------------------------------------- rewards
 
 

@@ -17,11 +17,12 @@ See docs/python-api.md for every argument; grpo/api/inputs.py turns them into th
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from grpo.training.callbacks import CallbackList
 from grpo.config import Config
-from grpo.api.inputs import resolve_config, resolve_dataset, resolve_model, resolve_rewards
+from grpo.api.inputs import peft_overrides, resolve_config, resolve_dataset, resolve_model, resolve_rewards
 from grpo.training.runtime import build_runtime
 
 
@@ -47,11 +48,13 @@ class Trainer:
             ``processing_class=`` is accepted as an alias (TRL's name).
         callbacks: objects with ``on_step_end(step, metrics)``, ``on_checkpoint(path)``,
             ``on_train_end(result)`` (see grpo/training/callbacks.py); ``on_step_end`` returning True stops the run.
+        peft_config: a peft ``LoraConfig`` (TRL's argument): LoRA with its r, lora_alpha, lora_dropout and
+            target_modules (None: peft's default for the model type); other fields set are errors.
     """
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, config: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, tokenizer: Any = None, callbacks: list | None = None, *,
-                 args: Any = None, processing_class: Any = None, env: Any = None):
+                 args: Any = None, processing_class: Any = None, env: Any = None, peft_config: Any = None):
         if args is not None and config is not None:
             raise TypeError("give config= or its alias args=, not both")
         if processing_class is not None and tokenizer is not None:
@@ -64,6 +67,8 @@ class Trainer:
         if isinstance(model, (str, os.PathLike)):
             overrides["model.path"] = str(model)
         cfg = resolve_config(cfg, overrides)
+        if peft_config is not None:                          # TRL's peft_config= -> lora.*
+            cfg = resolve_config(cfg, peft_overrides(peft_config, model_type(model, cfg)))
         if reward_funcs is None and not cfg.reward.functions and not cfg.reward.process_functions:
             from grpo.data.tasks import default_reward_functions
 
@@ -95,14 +100,27 @@ class Trainer:
         self.callbacks = CallbackList(callbacks)
         self.result = None
 
-    def train(self):
-        """Run GRPO; returns a grpo.training.loop.TrainResult (model, tokenizer, steps, output_dir, checkpoint, metrics)."""
+    def train(self, resume_from_checkpoint: bool | str | None = None):
+        """Run GRPO; returns a grpo.training.loop.TrainResult (model, tokenizer, steps, output_dir, checkpoint, metrics).
+        ``resume_from_checkpoint`` (TRL's): True continues from the newest valid checkpoint of the output
+        directory, a path from that checkpoint (``train.resume`` auto / PATH); None / False: the config's."""
         from grpo.training.loop import Job, run
 
+        if resume_from_checkpoint:
+            self.config = resolve_config(self.config, {"train.resume": "auto" if resume_from_checkpoint is True
+                                                       else str(resume_from_checkpoint)})
         job = Job(self.config, self.model, self.tokenizer, self.records, self.rewards, self.step_rewards,
                   self.runtime, self.callbacks, self.eval_records, self.env)
         self.result = run(job)
         return self.result
+
+    def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:
+        """Save the policy (a LoRA run: its adapter, naming the base directory) and tokenizer in Hugging Face
+        format to `output_dir` (default ``train.output_dir``), as TRL's ``save_model``; returns the directory."""
+        from grpo.state.model_files import save_checkpoint_model
+
+        model = self.result.model if self.result is not None else self.model
+        return save_checkpoint_model(model, self.tokenizer, Path(output_dir or self.config.train.output_dir))
 
     def stop(self) -> None:
         """Ask a running train() to stop after the current step, with a checkpoint (as on SIGINT)."""
@@ -131,6 +149,24 @@ class Trainer:
         return evaluate(self.model, self.tokenizer, rows, self.rewards,
                         max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens, temperature=temperature,
                         seed=cfg.train.seed, timeout_s=cfg.reward.timeout_s, on_error=cfg.reward.reward_errors)
+
+
+def model_type(model: Any, cfg: Config) -> str | None:
+    """The transformers ``model_type`` of `model` (an object, or a directory: its config.json; None: the
+    config's ``model.path`` or the embedded policy); None when it cannot be read."""
+    import json
+
+    import torch
+
+    from grpo.modeling.models import EMBEDDED_MODEL_DIR
+
+    if isinstance(model, torch.nn.Module):
+        return getattr(getattr(model, "config", None), "model_type", None)
+    directory = Path(model if model is not None else (cfg.model.path or EMBEDDED_MODEL_DIR))
+    try:
+        return json.loads((directory / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def _records_of_path(path: str, cfg: Config):

@@ -41,8 +41,10 @@ class LoraConfig:
     alpha: int = _f(32, "LoRA alpha: the update is scaled by alpha / r.")
     dropout: float = _f(0.0, "Dropout on the LoRA branch input (training forward passes only; > 0 makes the "
                         "first-iteration ratio differ from 1 because old/ref log-probs run without dropout).")
-    target_modules: list[str] = _f(["all-linear"], "Module names (or regexes) that get adapters; "
-                                   "`all-linear` = every linear layer except the output head.")
+    target_modules: list[str] = _f(["all-linear"], "Module names that get adapters (q_proj matches every "
+                                   "...q_proj); `all-linear` = every linear layer except the output head; one entry "
+                                   "with regex characters (*+?[]()|^$\\) is a regular expression on the full module name, "
+                                   "as peft's string form (e.g. '.*layers\\.[0-3]\\..*proj').")
 
 
 @dataclass(frozen=True)

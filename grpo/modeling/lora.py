@@ -28,6 +28,10 @@ from grpo.config import LoraConfig
 
 #: ``lora.target_modules`` value meaning "every linear layer except the output head" (peft).
 ALL_LINEAR = "all-linear"
+#: A single ``lora.target_modules`` entry holding one of these is a regular expression that must match a
+#: module's full name (peft's string form); plain names, dotted ones too (self_attn.q_proj), match a module
+#: name's last parts.
+REGEX_CHARS = frozenset("*+?[](){}|^$\\")
 
 
 def peft_lora_config(cfg: LoraConfig, fan_in_fan_out: bool = False):
@@ -39,11 +43,13 @@ def peft_lora_config(cfg: LoraConfig, fan_in_fan_out: bool = False):
     from peft import LoraConfig as PeftLoraConfig   # peft (and accelerate) load only for LoRA runs: ~100 MiB
 
     targets = list(cfg.target_modules)
+    if len(targets) == 1 and (targets[0] == ALL_LINEAR or set(targets[0]) & REGEX_CHARS):
+        targets = targets[0]                  # peft's string form: all-linear, or a regex on the full name
     return PeftLoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
-        target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else targets,
+        target_modules=targets,
         bias="none",
         fan_in_fan_out=fan_in_fan_out,
         task_type="CAUSAL_LM",

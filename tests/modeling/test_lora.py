@@ -123,6 +123,16 @@ def test_target_modules_and_peft_config():
         apply_lora(model, lora_cfg())
 
 
+def test_one_target_with_regex_characters_is_a_regex_on_the_full_name():
+    """peft's string form: '.*layers\\.0\\..*proj' adapts layer 0 only; plain and dotted names match name suffixes."""
+    assert peft_lora_config(lora_cfg(**{"lora.target_modules": [r".*layers\.0\..*proj"]})).target_modules == \
+        r".*layers\.0\..*proj"
+    names = trainable_parameter_names(apply_lora(tiny_qwen2(), lora_cfg(**{"lora.target_modules": [r".*layers\.0\..*proj"]})))
+    assert len(names) == 7 * 2 and all(".layers.0." in n for n in names)
+    dotted = trainable_parameter_names(apply_lora(tiny_qwen2(), lora_cfg(**{"lora.target_modules": ["self_attn.q_proj"]})))
+    assert len(dotted) == 2 * 2 and all(".q_proj." in n for n in dotted)
+
+
 def test_base_path_is_recorded(tmp_path):
     base = tiny_qwen2()
     assert base_model_path(apply_lora(copy.deepcopy(base), lora_cfg())) is None  # built in memory: unknown
