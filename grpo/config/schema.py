@@ -83,6 +83,11 @@ class RolloutConfig:
     max_new_tokens: int = _f(48, "Maximum completion length in tokens (TRL: max_completion_length).")
     temperature: float = _f(1.0, "Sampling temperature; also applied to the logits of the training forward pass.")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off).")
+    min_p: float = _f(0.0, "Min-p sampling: keep tokens with probability >= min_p x the most likely one's, after "
+                      "temperature, top-k and top-p (0 = off).")
+    repetition_penalty: float = _f(1.0, "Repetition penalty over each completion's prompt and tokens so far, as "
+                                   "Hugging Face's generate: a seen token's logit / penalty (if > 0) or x penalty "
+                                   "(1.0 = off; > 1 discourages repeats). Not with rollout.env.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     precision: str = _f("auto", "Precision of the rollout's forward passes: auto (train.precision's) | fp32 | bf16 | "
                         "fp16 (also verl's rollout.dtype spellings float32 | bfloat16 | float16). bf16 beside an fp32 "

@@ -76,6 +76,8 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "temperature": ("rollout.temperature", _same),
     "top_p": ("rollout.top_p", _same),
     "top_k": ("rollout.top_k", lambda v: 0 if v is None else v),
+    "min_p": ("rollout.min_p", lambda v: 0.0 if v is None else v),
+    "repetition_penalty": ("rollout.repetition_penalty", _same),
     "max_prompt_length": ("data.max_prompt_length", lambda v: 0 if v is None else v),
     "shuffle_dataset": ("data.shuffle", _same),
     "beta": ("algorithm.beta", _same),

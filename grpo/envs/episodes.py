@@ -33,6 +33,9 @@ def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torc
     episode's text counts: a group shares its prompt); None keeps the row's prompt.
     Shape: prompt_ids, prompt_mask [B, P] -> Episodes of N = B * k rows."""
     ro = cfg.rollout
+    if ro.repetition_penalty != 1.0:        # the env object may come from Trainer(env=...), past the config check
+        raise ValueError("rollout.repetition_penalty applies to single-turn rollouts; with an environment leave it "
+                         "at 1.0")
     envs = [factory.make() for _ in range(len(rows) * k)]
     firsts = [resolve(env.reset(rows[i // k])) for i, env in enumerate(envs)]
     replaced = [firsts[i * k] for i in range(len(rows))]
@@ -45,7 +48,7 @@ def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torc
                            max_chars=ro.max_observation_chars)
     gen = sample_episodes(model, prompt_ids.to(device), prompt_mask.to(device), driver, num_generations=k,
                           max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                          top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                          top_k=ro.top_k, min_p=ro.min_p, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                           seed=cfg.train.seed, prompt_index=torch.tensor(index, dtype=torch.long, device=device))
     return Episodes(gen, driver.messages, {"turn_rewards": driver.turn_rewards}, driver.metrics())
 

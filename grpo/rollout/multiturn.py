@@ -46,6 +46,7 @@ def sample_episodes(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    min_p: float = 0.0,
     eos_token_id: int,
     pad_token_id: int,
     seed: int = 0,
@@ -76,7 +77,7 @@ def sample_episodes(
         steps = 0
         for step in range(max_new_tokens):
             block, uniforms = step_uniforms(keys, step, block, temperature)  # [n]
-            tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms)  # [n], [n]
+            tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms, min_p=min_p)  # [n], [n]
             rows = running.tolist()
             forced = [i for i, r in enumerate(rows) if pending.get(r)]
             if forced:                                 # observation tokens replace the draw, log-prob 0

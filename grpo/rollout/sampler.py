@@ -21,114 +21,16 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from grpo.modeling.precision import cast_frozen_linears
 from grpo.modeling.decoder import (LeanDecoder, StaticCache, cache_inputs, forward_parameters, lean_decoder,
                                    positions_from_mask, returned_cache)
+from grpo.rollout.choice import Scratch, choose_tokens, draw, filter_logits, mark_seen  # noqa: F401 (re-exported)
 from grpo.rollout.keyed import row_keys, token_uniforms
 from grpo.types import Generation  # noqa: F401  (the output of sample)
 
 #: Decode steps whose uniforms are computed at once (one hash of [n, 32] instead of 32 hashes of [n]).
 UNIFORM_BLOCK = 32
-
-
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Apply temperature, then top-k, then top-p (nucleus) filtering; removed entries become -inf.
-
-    ``top_k == 0`` and ``top_p >= 1`` disable the corresponding filter. Top-k keeps ties with the
-    k-th largest logit. Top-p keeps the smallest prefix of the descending-sorted distribution whose
-    cumulative probability reaches ``top_p`` (always at least the most likely token).
-    ``temperature`` must be > 0 (greedy decoding does not filter).
-
-    Shape:
-        logits: [..., V] -> [..., V] float32
-    """
-    logits = logits.float() / temperature  # [..., V]
-    if top_k > 0:
-        kth_largest = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # [..., 1]
-        logits = logits.masked_fill(logits < kth_largest, float("-inf"))  # [..., V]
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [..., V]
-        sorted_probs = sorted_logits.softmax(dim=-1)  # [..., V]
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., V]
-        drop_sorted = mass_before >= top_p  # [..., V] the prefix before this token already suffices
-        drop_sorted[..., 0] = False
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # [..., V] back to vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))  # [..., V]
-    return logits
-
-
-def draw(probs: torch.Tensor, uniforms: torch.Tensor, cdf_out: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row from (unnormalised) probabilities by inverse-CDF sampling.
-
-    token = min{v : C_v > u * C_V}, with C the float64 cumulative sum over the vocabulary and
-    u in [0, 1) the row's uniform, so for u ~ U[0, 1) P(token = v) = p_v / sum(p): the distribution of
-    ``torch.multinomial(probs, 1)``, which on CPU draws V exponentials per row (9 ms per decode step
-    at 16 rows x 32k vocabulary) where this uses one uniform. A zero-probability token is never
-    chosen (its C_v equals C_{v-1}). `cdf_out`: a float64 [n, V] buffer for C (else a new tensor).
-
-    Shape:
-        probs: [n, V], uniforms: [n] float64 -> [n] long
-    """
-    if cdf_out is None:
-        cdf = probs.double().cumsum(dim=-1)  # [n, V]
-    else:  # cumsum(dtype=) converts into a new tensor first
-        cdf = cdf_out.copy_(probs).cumsum_(dim=-1)  # [n, V]
-    u = uniforms.to(cdf.dtype)[:, None]  # [n, 1]
-    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [n, 1]
-    return tokens.squeeze(-1).clamp_(max=probs.size(-1) - 1)  # [n]
-
-
-class Scratch:
-    """The [n, V] buffers of one rollout's token choices (log-probs, probabilities, float64 CDF), made at the first
-    step's row count and viewed at fewer rows as rows finish: a decode step otherwise allocates ~14 MiB of new
-    tensors at 16 rows x 32k vocabulary, fresh pages from the kernel each time at `train.mmap_threshold_mb` 1
-    (measured on qwen2 768x12: 0.1-0.3 s of a 1-1.7 s, 32-token rollout in exp, cumsum and copies)."""
-
-    def __init__(self):
-        self.buffers: dict[str, torch.Tensor] = {}
-
-    def get(self, name: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """A [n, V] buffer of `dtype` on `like`'s device (`like`: [n, V]); its contents are stale."""
-        n, V = like.shape
-        buf = self.buffers.get(name)
-        if buf is None or buf.shape[0] < n or buf.shape[1] != V or buf.dtype != dtype or buf.device != like.device:
-            buf = self.buffers[name] = torch.empty(n, V, dtype=dtype, device=like.device)
-        return buf[:n]
-
-
-def choose_tokens(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    uniforms: torch.Tensor | None,
-    scratch: Scratch | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row and return it with its log-prob under the distribution it came from.
-
-    ``temperature == 0`` is greedy: argmax of the raw logits, log-prob from their log-softmax
-    (``uniforms`` unused, may be None). Otherwise one :func:`draw` over the filtered distribution.
-    `scratch` (:class:`Scratch`) holds the [n, V] intermediates across steps; the values are the same.
-
-    Shape:
-        logits: [n, V], uniforms: [n] float64 -> tokens [n] long, logprobs [n] float32
-    """
-    if temperature == 0:
-        logprobs = F.log_softmax(logits.float(), dim=-1)  # [n, V]
-        tokens = logprobs.argmax(dim=-1)  # [n]
-        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [n], [n]
-    plain = logits.dtype == torch.float32 and temperature == 1.0 and top_k <= 0 and top_p >= 1.0
-    z = logits if plain else filter_logits(logits, temperature, top_k, top_p)  # [n, V] (x / 1.0 is x)
-    if scratch is None:
-        logprobs = F.log_softmax(z, dim=-1)  # [n, V]
-        tokens = draw(logprobs.exp(), uniforms)  # [n]
-    else:
-        logprobs = torch.log_softmax(z, dim=-1, out=scratch.get("logp", z, torch.float32))  # [n, V]
-        probs = torch.exp(logprobs, out=scratch.get("p", z, torch.float32))  # [n, V]
-        tokens = draw(probs, uniforms, scratch.get("cdf", z, torch.float64))  # [n]
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # [n], [n]
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -307,6 +209,8 @@ def sample(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
     eos_token_id: int,
     pad_token_id: int,
     seed: int = 0,
@@ -325,6 +229,8 @@ def sample(
     :mod:`grpo.modeling.decoder` is tested against); tokens are the same either way.
     ``model_inputs`` (name -> [B, ...], e.g. a VLM's pixel_values) go with the prompts into the prefill and
     come back in the Generation repeated G times.
+    ``min_p`` and ``repetition_penalty`` (over each row's prompt and completion tokens) shape the token
+    choice as Hugging Face's generate does (grpo/rollout/choice.py); 0 and 1 switch them off.
 
     Shape:
         prompt_ids, prompt_mask: [B, P], prompt_index: [B] long -> Generation with N = B * num_generations rows
@@ -338,9 +244,15 @@ def sample(
         completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
         steps, scratch = 0, Scratch()
+        seen = None  # [n, V] bool: the tokens of each running row so far, for the repetition penalty
+        if repetition_penalty != 1.0:
+            seen = mark_seen(torch.zeros(n_rows, logits.size(-1), dtype=torch.bool, device=device),  # [N, V]
+                             prompt_ids.repeat_interleave(num_generations, 0),
+                             prompt_mask.repeat_interleave(num_generations, 0))
         for step in range(max_new_tokens):
             block, uniforms = step_uniforms(keys, step, block, temperature)  # [n]
-            tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms, scratch)  # [n], [n]
+            tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms, scratch, min_p, seen,
+                                                   repetition_penalty)  # [n], [n]
             completion_ids[running, step] = tokens
             logprobs[running, step] = token_logprobs
             steps = step + 1
@@ -352,6 +264,9 @@ def sample(
                 decoding.select(kept)
                 running, tokens, keys = running[kept], tokens[kept], keys[kept]  # [n'] each
                 block = block[kept] if block is not None else None  # [n', K]
+                seen = seen[kept] if seen is not None else None  # [n', V]
+            if seen is not None:
+                mark_seen(seen, tokens)
             logits = decoding.step(tokens)  # [n, V]
 
     completion_ids = completion_ids[:, :steps]  # [N, T]

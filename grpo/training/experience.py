@@ -86,7 +86,8 @@ def _rollout(model, tokenizer, rows: list[dict], prompts, cfg: Config, k: int, i
         return episodes.gen, episodes                                                       # [B*k, T]
     return sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
                   max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                  top_k=ro.top_k, eos_token_id=tokenizer.eos_token_id,
+                  top_k=ro.top_k, min_p=ro.min_p, repetition_penalty=ro.repetition_penalty,
+                  eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed,
                   model_inputs=prompts.model_inputs), None                                  # [B*k, T]
 

@@ -38,6 +38,8 @@ def test_unknown_key_lists_valid_ones():
     ("train.max_steps", 2.5, "expects an integer"),
     ("reward.weights", [1.0, 2.0, 3.0], "one weight per entry"),
     ("rollout.top_p", 0.0, "top_p must be in"),
+    ("rollout.min_p", 1.0, "rollout.min_p must be in \\[0, 1\\)"),
+    ("rollout.repetition_penalty", 0.0, "rollout.repetition_penalty must be > 0"),
 ])
 def test_bad_values_name_the_key(key, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -123,3 +125,8 @@ def test_a_nested_group_takes_a_mapping_and_dotted_overrides():
         build_config({"reward": {"reward_model_update": 5}})
     with pytest.raises(ConfigError, match="unknown config key 'reward.timeout_s.x'"):
         build_config(overrides={"reward.timeout_s.x": 1})
+
+
+def test_repetition_penalty_is_for_single_turn_rollouts():
+    with pytest.raises(ConfigError, match="rollout.repetition_penalty applies to single-turn rollouts"):
+        build_config(overrides={"rollout.env": "calculator", "rollout.repetition_penalty": 1.2})

@@ -22,6 +22,8 @@ CASES = [
     ({"top_p": 0.9}, {"rollout.top_p": 0.9}),
     ({"top_k": 50}, {"rollout.top_k": 50}),
     ({"top_k": None}, {"rollout.top_k": 0}),
+    ({"min_p": 0.1, "repetition_penalty": 1.1}, {"rollout.min_p": 0.1, "rollout.repetition_penalty": 1.1}),
+    ({"min_p": None}, {"rollout.min_p": 0.0}),
     ({"max_prompt_length": 512}, {"data.max_prompt_length": 512}),
     ({"max_prompt_length": None}, {"data.max_prompt_length": 0}),
     ({"shuffle_dataset": False}, {"data.shuffle": False}),
