@@ -12,16 +12,19 @@ dual clip (Ye et al., 2020) caps the loss of negative-advantage tokens at -c * A
 c_H * H uses the same aggregation as the policy term.
 
 Variants are registry entries: ``KL_ESTIMATORS`` (``algorithm.kl_estimator``), ``AGGREGATIONS``
-(``algorithm.loss_agg_mode``) and ``IMPORTANCE_RATIOS`` (``algorithm.importance_sampling_level``).
+(``algorithm.loss_agg_mode``), ``IMPORTANCE_RATIOS`` (``algorithm.importance_sampling_level``) and
+``POLICY_LOSSES`` (``algorithm.policy_loss``, grpo/algorithms/policy_losses.py: clip, CISPO, SAPO, VESPO).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
+from grpo.algorithms.policy_losses import POLICY_LOSSES, PolicyLossParams, Surrogate, clip_surrogate
 from grpo.algorithms.stabilisers import unbiased_kl
 
 # ---------------------------------------------------------------- KL estimators (per token)
@@ -102,38 +105,12 @@ IMPORTANCE_RATIOS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor]
 # ---------------------------------------------------------------- clipped surrogate
 
 
-class Surrogate(NamedTuple):
-    loss: torch.Tensor          # [n, T] per-token policy loss
-    clipped: torch.Tensor       # [n, T] bool, the clipped side of the PPO min was taken (zero gradient)
-    dual_clipped: torch.Tensor  # [n, T] bool, the dual-clip cap -c * A was taken (zero gradient)
-
-
-def _per_token(advantages: torch.Tensor) -> torch.Tensor:
-    """Advantages [n] (one per completion) or [n, T] (one per token) as something broadcasting to [n, T]."""
-    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-
-
 def policy_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float,
                      clip_ratio_c: float | None = None) -> Surrogate:
-    """PPO's clipped surrogate, negated to a loss, per token, with optional dual clip.
-
-        l_it = max(-rho_it A_it, -clip(rho_it, 1 - eps_low, 1 + eps_high) A_it)
-        l_it = min(l_it, -c A_it)   where A_it < 0                 (dual clip, Ye et al. 2020; c > 1)
-
-    Shape:
-        log_ratio: [n, T]; advantages: [n] or [n, T]  ->  Surrogate of [n, T] tensors
-    """
-    ratio = torch.exp(log_ratio)                                # [n, T]
-    adv = _per_token(advantages)                                # [n, 1] or [n, T]
-    unclipped = -ratio * adv
-    clipped = -torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    loss = torch.maximum(unclipped, clipped)                    # [n, T]
-    is_clipped = clipped > unclipped                            # max picked the clipped side
-    if clip_ratio_c is None:
-        return Surrogate(loss, is_clipped, torch.zeros_like(is_clipped))
-    cap = -clip_ratio_c * adv
-    is_dual = (adv < 0) & (loss > cap)                          # [n, T]
-    return Surrogate(torch.where(is_dual, cap, loss), is_clipped & ~is_dual, is_dual)
+    """PPO's clipped surrogate with the optional dual clip: ``POLICY_LOSSES["clip"]``
+    (grpo/algorithms/policy_losses.py) with these constants.  Shape: [n, T] -> Surrogate of [n, T]."""
+    params = PolicyLossParams(eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c)
+    return clip_surrogate(log_ratio, None, log_ratio, advantages, None, params)
 
 
 # ---------------------------------------------------------------- aggregation
@@ -202,7 +179,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
               beta: float, kl_estimator: str = "k3", agg_mode: str = "seq-mean-token-mean",
               normalizer: float, importance_sampling_level: str = "token", clip_ratio_c: float | None = None,
               entropy: torch.Tensor | None = None, entropy_coef: float = 0.0, kl_ratio_correction: bool = False,
-              policy_weight: torch.Tensor | None = None) -> LossTerms:
+              policy_weight: torch.Tensor | None = None, policy_loss: str = "clip",
+              policy_params: PolicyLossParams | None = None) -> LossTerms:
     """GRPO loss of a micro-batch (see module docstring).
 
     ``normalizer`` comes from ``AGGREGATIONS[agg_mode].normalizer(mask_of_whole_step, L)``; the KL
@@ -212,6 +190,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     estimate times the importance ratio (DeepSeek-V3.2's unbiased KL, grpo.algorithms.stabilisers).
     ``policy_weight`` ([n, 1] or [n, T], detached): multiplies the per-token policy loss before the
     aggregation (off-policy sequence mask, TIS / MIS weights), as TRL multiplies ``per_token_loss``.
+    ``policy_loss`` names the per-token policy term (grpo/algorithms/policy_losses.py: clip, cispo, sapo,
+    vespo); ``policy_params`` carries its constants, ``epsilon`` / ``epsilon_high`` / ``clip_ratio_c``
+    overriding theirs.
 
     Shape:
         logp, old_logp, ref_logp, mask, entropy: [n, T]; advantages: [n] or [n, T]  ->  scalar loss
@@ -219,8 +200,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     mask = mask.to(logp.dtype)
     agg = AGGREGATIONS[agg_mode]
     log_ratio = IMPORTANCE_RATIOS[importance_sampling_level](logp, old_logp, mask)   # [n, T]
-    sur = policy_surrogate(log_ratio, advantages, epsilon, epsilon if epsilon_high is None else epsilon_high,
-                           clip_ratio_c)
+    params = dataclasses.replace(policy_params or PolicyLossParams(), eps_low=epsilon, clip_ratio_c=clip_ratio_c,
+                                 eps_high=epsilon if epsilon_high is None else epsilon_high)
+    sur = POLICY_LOSSES[policy_loss](log_ratio, logp, logp - old_logp, advantages, mask, params)
     per_token = sur.loss if policy_weight is None else sur.loss * policy_weight      # [n, T]
     policy = agg.numerator(per_token, mask) / normalizer
     loss, kl_term, kl_sum, entropy_term = policy, 0.0, 0.0, 0.0

@@ -46,6 +46,7 @@ def validate(cfg: Config) -> None:
     """Reject settings that cannot work, with a message naming the key."""
     from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
     from grpo.algorithms.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
+    from grpo.algorithms.policy_losses import POLICY_LOSSES
     from grpo.algorithms.shaping import GFPO_METRICS
     from grpo.algorithms.stabilisers import KL_CORRECTION_LOG_RATIOS, OFF_POLICY_MEASURES, ROLLOUT_CORRECTIONS
     from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES
@@ -81,6 +82,16 @@ def validate(cfg: Config) -> None:
         (cfg.algorithm.importance_sampling_level in IMPORTANCE_RATIOS,
          f"algorithm.importance_sampling_level must be one of {sorted(IMPORTANCE_RATIOS)}"),
         (cfg.algorithm.clip_ratio_c is None or cfg.algorithm.clip_ratio_c > 1, "algorithm.clip_ratio_c must be > 1 (or empty)"),
+        (cfg.algorithm.policy_loss in POLICY_LOSSES, f"algorithm.policy_loss must be one of {sorted(POLICY_LOSSES)}"),
+        (cfg.algorithm.policy_loss == "clip" or (cfg.algorithm.clip_ratio_c is None and cfg.algorithm.clip_delta is None),
+         "algorithm.clip_ratio_c and algorithm.clip_delta shape the clip policy loss; with "
+         f"policy_loss {cfg.algorithm.policy_loss} leave them empty"),
+        (cfg.algorithm.clip_delta is None or cfg.algorithm.clip_delta > 1, "algorithm.clip_delta must be > 1 (or empty)"),
+        (cfg.algorithm.cispo_max > 0, "algorithm.cispo_max must be > 0"),
+        (cfg.algorithm.sapo_tau_pos > 0 and cfg.algorithm.sapo_tau_neg > 0, "algorithm.sapo_tau_pos and sapo_tau_neg must be > 0"),
+        (min(cfg.algorithm.vespo_k_pos, cfg.algorithm.vespo_k_neg) >= 0
+         and min(cfg.algorithm.vespo_lambda_pos, cfg.algorithm.vespo_lambda_neg) > 0,
+         "algorithm.vespo_k_* must be >= 0 and algorithm.vespo_lambda_* > 0"),
         (cfg.algorithm.entropy_coef >= 0, "algorithm.entropy_coef must be >= 0"),
         (0 < cfg.algorithm.top_entropy_rho <= 1, "algorithm.top_entropy_rho must be in (0, 1]"),
         (cfg.algorithm.kl_in in ("loss", "reward"), "algorithm.kl_in must be loss | reward"),

@@ -22,7 +22,7 @@ _GRPO_BASE = {
     "algorithm.advantage_estimator": "grpo", "algorithm.scale_rewards": "group", "algorithm.beta": 0.04,
     "algorithm.kl_estimator": "k3", "algorithm.kl_in": "loss", "algorithm.epsilon": 0.2,
     "algorithm.epsilon_high": None, "algorithm.loss_agg_mode": "seq-mean-token-mean",
-    "algorithm.importance_sampling_level": "token",
+    "algorithm.importance_sampling_level": "token", "algorithm.policy_loss": "clip",
 }
 
 PRESETS: dict[str, Preset] = {
@@ -113,6 +113,32 @@ PRESETS: dict[str, Preset] = {
         "Hybrid GRPO (Sane, 2025, arXiv 2502.01652)",
         "a value head on the policy next to the group baseline: A_i = (r_i - (0.5 mean_g r + 0.5 V(q))) / std",
         {**_GRPO_BASE, "algorithm.critic": "value_head", "algorithm.hybrid_alpha": 0.5}),
+    # -- the policy losses of TRL 1.16's loss_type (grpo/algorithms/policy_losses.py)
+    "cispo": Preset(
+        "CISPO (MiniMax-M1, arXiv 2506.13585); cap 5.0: ScaleRL's eps_max (arXiv 2510.13786) as TRL documents it",
+        "clipped, detached importance weight min(r, 5) x A x log pi (every token keeps its gradient), token-level "
+        "loss, no KL",
+        {**_GRPO_BASE, "algorithm.policy_loss": "cispo", "algorithm.cispo_max": 5.0, "algorithm.beta": 0.0,
+         "algorithm.loss_agg_mode": "token-mean"}),
+    "sapo": Preset(
+        "SAPO (Gao et al., 2025, arXiv 2511.20347)",
+        "soft sigmoid gate (4 / tau) sigmoid(tau (r - 1)) instead of the hard clip, tau 1.0 for A > 0 and 1.05 "
+        "otherwise, per-completion token mean, no KL",
+        {**_GRPO_BASE, "algorithm.policy_loss": "sapo", "algorithm.sapo_tau_pos": 1.0, "algorithm.sapo_tau_neg": 1.05,
+         "algorithm.beta": 0.0}),
+    "vespo": Preset(
+        "VESPO (arXiv 2602.10693), constants and aggregation of TRL 1.16's loss_type vespo",
+        "sequence-level gamma weight phi(w) = exp(lambda + k log w - lambda w) x A x log pi, (k, lambda) = (2, 3) "
+        "for A >= 0 and (3, 2) otherwise, token-level loss, no KL",
+        {**_GRPO_BASE, "algorithm.policy_loss": "vespo", "algorithm.beta": 0.0, "algorithm.loss_agg_mode": "token-mean",
+         "algorithm.vespo_k_pos": 2.0, "algorithm.vespo_lambda_pos": 3.0, "algorithm.vespo_k_neg": 3.0,
+         "algorithm.vespo_lambda_neg": 2.0}),
+    "luspo": Preset(
+        "LUSPO (arXiv 2602.05261), on GSPO's settings",
+        "GSPO with each completion's loss scaled by its length: sequence ratio, token sum per completion, mean "
+        "over completions, no KL",
+        {**_GRPO_BASE, "algorithm.importance_sampling_level": "sequence", "algorithm.epsilon": 3e-4,
+         "algorithm.epsilon_high": 4e-4, "algorithm.beta": 0.0, "algorithm.loss_agg_mode": "seq-mean-token-sum"}),
 }
 
 

@@ -2,8 +2,8 @@
 
 :func:`from_trl` turns a flat dict of TRL keys into our `section.key` overrides. Every key in
 :data:`TRL_KEYS` maps to one of ours, with the value converted where the vocabularies differ
-(`loss_type`, `scale_rewards`, `lr_scheduler_type`, `report_to`, `bf16`/`fp16`). A few TRL keys
-combine into one of ours (:data:`BATCH_KEYS`, :data:`REF_SYNC_KEYS`, :data:`REWARD_KEYS`). The model,
+(`scale_rewards`, `lr_scheduler_type`, `report_to`, `bf16`/`fp16`). A few TRL keys combine into some
+of ours (:data:`BATCH_KEYS`, :data:`REF_SYNC_KEYS`, :data:`REWARD_KEYS`, `loss_type`: :data:`LOSS_TYPES`). The model,
 dataset and reward keys of TRL's ModelConfig and `trl grpo` script arguments (`model_name_or_path`,
 `dtype`, `use_peft`, `lora_r`, `dataset_name`, `reward_funcs`, ...) map too, so a `trl grpo --config`
 file is read as it is. Keys that change nothing here (:data:`NO_EFFECT`: logging cadence, the vLLM
@@ -21,16 +21,6 @@ from grpo.config import ConfigError
 
 def _same(value: Any) -> Any:
     return value
-
-
-def _loss_type(value: Any) -> str:
-    """TRL loss_type -> algorithm.loss_agg_mode: grpo = per-sequence token mean, then mean over sequences;
-    bnpo / dapo = mean over all tokens of the batch; dr_grpo = token sum / (max_completion_length), then mean."""
-    table = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
-             "dr_grpo": "seq-mean-token-sum-norm"}
-    if value not in table:
-        raise ConfigError(f"TRL key 'loss_type': '{value}' has no equivalent here (known: {', '.join(table)})")
-    return table[value]
 
 
 def _scale_rewards(value: Any) -> str:
@@ -83,7 +73,13 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "beta": ("algorithm.beta", _same),
     "epsilon": ("algorithm.epsilon", _same),
     "epsilon_high": ("algorithm.epsilon_high", _same),
-    "loss_type": ("algorithm.loss_agg_mode", _loss_type),
+    "delta": ("algorithm.clip_delta", _same),
+    "sapo_temperature_pos": ("algorithm.sapo_tau_pos", _same),
+    "sapo_temperature_neg": ("algorithm.sapo_tau_neg", _same),
+    "vespo_k_pos": ("algorithm.vespo_k_pos", _same),
+    "vespo_lambda_pos": ("algorithm.vespo_lambda_pos", _same),
+    "vespo_k_neg": ("algorithm.vespo_k_neg", _same),
+    "vespo_lambda_neg": ("algorithm.vespo_lambda_neg", _same),
     "scale_rewards": ("algorithm.scale_rewards", _scale_rewards),
     "importance_sampling_level": ("algorithm.importance_sampling_level", _same),
     "num_iterations": ("algorithm.num_iterations", _same),
@@ -128,6 +124,13 @@ REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alph
 #: TRL defaults used when only some of the combined keys are given.
 TRL_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8,
                 "ref_model_sync_steps": 512, "ref_model_mixup_alpha": 0.6}
+#: TRL loss_type -> (algorithm.policy_loss, algorithm.loss_agg_mode). grpo: per-sequence token mean, then mean
+#: over sequences; bnpo / dapo: mean over all tokens of the step; dr_grpo: token sum / max_completion_length;
+#: luspo: GSPO's loss scaled by length (token sum per sequence, mean over sequences).
+LOSS_TYPES = {"grpo": ("clip", "seq-mean-token-mean"), "bnpo": ("clip", "token-mean"), "dapo": ("clip", "token-mean"),
+              "dr_grpo": ("clip", "seq-mean-token-sum-norm"), "cispo": ("cispo", "token-mean"),
+              "sapo": ("sapo", "seq-mean-token-mean"), "luspo": ("clip", "seq-mean-token-sum"),
+              "vespo": ("vespo", "token-mean")}
 #: TRL's `trl grpo` reward arguments: a reward model, then reward functions (names or import paths).
 REWARD_KEYS = ("reward_model_name_or_path", "reward_funcs")
 #: Precision flags.
@@ -144,7 +147,7 @@ NO_EFFECT = {
 }
 
 ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
-            | set(NO_EFFECT))
+            | set(NO_EFFECT) | {"loss_type"})
 
 
 def is_trl_key(key: str) -> bool:
@@ -172,6 +175,21 @@ def _ref_sync(trl: dict[str, Any]) -> dict[str, Any]:
         return {}
     return {"algorithm.ref_update_steps": trl.get("ref_model_sync_steps", TRL_DEFAULTS["ref_model_sync_steps"]),
             "algorithm.ref_mix_alpha": trl.get("ref_model_mixup_alpha", TRL_DEFAULTS["ref_model_mixup_alpha"])}
+
+
+def _loss(trl: dict[str, Any]) -> dict[str, Any]:
+    """loss_type -> the policy loss and aggregation; under cispo TRL reads epsilon_high (else epsilon, 0.2) as
+    the cap of the importance weight: algorithm.cispo_max."""
+    if "loss_type" not in trl:
+        return {}
+    if trl["loss_type"] not in LOSS_TYPES:
+        raise ConfigError(f"TRL key 'loss_type': '{trl['loss_type']}' has no equivalent here (known: "
+                          f"{', '.join(LOSS_TYPES)})")
+    policy, aggregation = LOSS_TYPES[trl["loss_type"]]
+    out = {"algorithm.policy_loss": policy, "algorithm.loss_agg_mode": aggregation}
+    if policy == "cispo":
+        out["algorithm.cispo_max"] = trl.get("epsilon_high") or trl.get("epsilon", 0.2)
+    return out
 
 
 def _rewards(trl: dict[str, Any]) -> dict[str, Any]:
@@ -215,7 +233,9 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
         elif key in NO_EFFECT:
             lines.append(f"{key} ignored ({NO_EFFECT[key]})")
     for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (REF_SYNC_KEYS, _ref_sync(trl)),
-                           (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl))):
+                           (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)),
+                           (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
+                            _loss(trl))):
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")

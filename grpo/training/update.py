@@ -17,6 +17,7 @@ from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.modeling.workspace import release as release_workspaces
 from grpo.algorithms.loss import AGGREGATIONS, grpo_loss, logprob_gap
+from grpo.algorithms.policy_losses import PolicyLossParams
 from grpo.algorithms.stabilisers import off_policy_sequence_mask, rollout_correction_weights
 from grpo.modeling.precision import active_dtype, cast_frozen_linears, cast_trainable_linears, loss_scaler, paused
 from grpo.types import TrainBatch, UpdateStats  # noqa: F401
@@ -176,6 +177,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     beta = algo.beta if algo.kl_in == "loss" else 0.0
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
     normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
+    policy_params = PolicyLossParams(clip_delta=algo.clip_delta, cispo_max=algo.cispo_max,
+                                     sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg,
+                                     vespo_k_pos=algo.vespo_k_pos, vespo_lambda_pos=algo.vespo_lambda_pos,
+                                     vespo_k_neg=algo.vespo_k_neg, vespo_lambda_neg=algo.vespo_lambda_neg)
     optimizer.zero_grad(set_to_none=True)
     prefs = preference.step_inputs(batch.completion_mask) if preference is not None else None   # h [N, G], pos [N]
     loss = policy = kl_loss = kl_sum = clipped = high = dual = tokens = ent_sum = ent_loss = gap_sum = gap_tokens = 0.0
@@ -195,7 +200,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                                   kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
                                   importance_sampling_level=algo.importance_sampling_level,
                                   clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef,
-                                  kl_ratio_correction=algo.kl_ratio_correction,
+                                  kl_ratio_correction=algo.kl_ratio_correction, policy_loss=algo.policy_loss,
+                                  policy_params=policy_params,
                                   policy_weight=policy_weight(algo, logp, old, mb, preference,
                                                               None if prefs is None else (prefs[0][rows], prefs[1][rows])))
                 scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average

@@ -39,6 +39,11 @@ def test_unknown_key_lists_valid_ones():
     ("reward.weights", [1.0, 2.0, 3.0], "one weight per entry"),
     ("rollout.top_p", 0.0, "top_p must be in"),
     ("rollout.min_p", 1.0, "rollout.min_p must be in \\[0, 1\\)"),
+    ("algorithm.policy_loss", "ppo", "algorithm.policy_loss must be one of \\['cispo', 'clip', 'sapo', 'vespo'\\]"),
+    ("algorithm.clip_delta", 1.0, "algorithm.clip_delta must be > 1"),
+    ("algorithm.cispo_max", 0.0, "algorithm.cispo_max must be > 0"),
+    ("algorithm.sapo_tau_neg", 0.0, "sapo_tau_pos and sapo_tau_neg must be > 0"),
+    ("algorithm.vespo_lambda_neg", 0.0, "algorithm.vespo_k_\\* must be >= 0 and algorithm.vespo_lambda_\\* > 0"),
     ("rollout.repetition_penalty", 0.0, "rollout.repetition_penalty must be > 0"),
 ])
 def test_bad_values_name_the_key(key, value, message):
@@ -130,3 +135,8 @@ def test_a_nested_group_takes_a_mapping_and_dotted_overrides():
 def test_repetition_penalty_is_for_single_turn_rollouts():
     with pytest.raises(ConfigError, match="rollout.repetition_penalty applies to single-turn rollouts"):
         build_config(overrides={"rollout.env": "calculator", "rollout.repetition_penalty": 1.2})
+
+
+def test_dual_clip_and_delta_belong_to_the_clip_loss():
+    with pytest.raises(ConfigError, match="with policy_loss sapo leave them empty"):
+        build_config(overrides={"algorithm.policy_loss": "sapo", "algorithm.clip_ratio_c": 3.0})

@@ -46,3 +46,12 @@ def test_presets_command_prints_every_preset(capsys):
     for name, p in PRESETS.items():
         assert f"{name}: {p.summary}" in out and p.paper in out
     assert "algorithm.epsilon_high                   0.28" in out
+
+
+def test_the_preset_key_help_names_every_preset():
+    import re
+
+    from grpo.config import field_help
+
+    text = next(h for key, _, h in field_help() if key == "algorithm.preset")
+    assert set(PRESETS) <= set(re.findall(r"[a-z0-9_]+", text))

@@ -4,7 +4,7 @@ import pytest
 
 from grpo.config import ConfigError, build_config
 from grpo.api.inputs import resolve_config
-from grpo.config.trl import ALL_KEYS, NO_EFFECT, TRL_KEYS, from_trl
+from grpo.config.trl import ALL_KEYS, LOSS_TYPES, NO_EFFECT, TRL_KEYS, from_trl
 
 #: (TRL keys, our keys that must give the same Config). Every key of TRL_KEYS appears at least once.
 CASES = [
@@ -34,6 +34,19 @@ CASES = [
     ({"loss_type": "dapo"}, {"algorithm.loss_agg_mode": "token-mean"}),
     ({"loss_type": "bnpo"}, {"algorithm.loss_agg_mode": "token-mean"}),
     ({"loss_type": "dr_grpo"}, {"algorithm.loss_agg_mode": "seq-mean-token-sum-norm"}),
+    ({"loss_type": "cispo", "epsilon_high": 5.0},
+     {"algorithm.policy_loss": "cispo", "algorithm.loss_agg_mode": "token-mean", "algorithm.cispo_max": 5.0,
+      "algorithm.epsilon_high": 5.0}),
+    ({"loss_type": "cispo"}, {"algorithm.policy_loss": "cispo", "algorithm.loss_agg_mode": "token-mean",
+                              "algorithm.cispo_max": 0.2}),                     # TRL: epsilon_high = epsilon = 0.2
+    ({"loss_type": "sapo", "sapo_temperature_pos": 0.9, "sapo_temperature_neg": 1.2},
+     {"algorithm.policy_loss": "sapo", "algorithm.sapo_tau_pos": 0.9, "algorithm.sapo_tau_neg": 1.2}),
+    ({"loss_type": "luspo", "importance_sampling_level": "sequence"},
+     {"algorithm.loss_agg_mode": "seq-mean-token-sum", "algorithm.importance_sampling_level": "sequence"}),
+    ({"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_pos": 2.0, "vespo_k_neg": 4.0, "vespo_lambda_neg": 1.0},
+     {"algorithm.policy_loss": "vespo", "algorithm.loss_agg_mode": "token-mean", "algorithm.vespo_k_pos": 1.0,
+      "algorithm.vespo_lambda_pos": 2.0, "algorithm.vespo_k_neg": 4.0, "algorithm.vespo_lambda_neg": 1.0}),
+    ({"delta": 4.0}, {"algorithm.clip_delta": 4.0}),
     ({"scale_rewards": False}, {"algorithm.scale_rewards": "none"}),
     ({"scale_rewards": True}, {"algorithm.scale_rewards": "group"}),
     ({"scale_rewards": "batch"}, {"algorithm.scale_rewards": "batch"}),
@@ -96,6 +109,7 @@ def test_every_mapped_key_is_in_the_table():
     covered = {k for trl, _ in CASES for k in trl}
     assert set(TRL_KEYS) <= covered
     assert ALL_KEYS - {"bf16", "fp16", "report_to", "run_name"} - set(NO_EFFECT) <= covered
+    assert set(LOSS_TYPES) <= {t["loss_type"] for t, _ in CASES if "loss_type" in t}
 
 
 @pytest.mark.parametrize("key", sorted(NO_EFFECT))
@@ -131,7 +145,7 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
      "keys 'num_train_epochs', 'learning_rat' \\(did you mean 'learning_rate'\\?\\), 'algo' \\(did you mean "
      "'algorithm'\\?\\): no TRL key grpo maps, nor one of its sections"),
     ({"torch_dtype": "auto"}, "TRL key 'dtype': 'auto' has no equivalent here; set float32, bfloat16 or float16"),
-    ({"loss_type": "cispo"}, "TRL key 'loss_type': 'cispo' has no equivalent"),
+    ({"loss_type": "gpg"}, "TRL key 'loss_type': 'gpg' has no equivalent"),
     ({"lr_scheduler_type": "polynomial"}, "TRL key 'lr_scheduler_type': 'polynomial'"),
     ({"per_device_train_batch_size": 6, "num_generations": 4}, "not divisible by num_generations=4"),
     ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true"),
