@@ -5,7 +5,8 @@
 Each preset runs `grpo demo --algorithm NAME` (the demo's rollout and optimizer settings, the
 preset's algorithm settings) in its own process with one torch thread. Reports held-out greedy
 accuracy after training, the mean training reward and completion length over the last 10 steps,
-and seconds per step. Writes bench/results/presets.json and bench/results/presets.md.
+and seconds per step. Writes bench/results/presets.json and bench/results/presets.md; a run of some presets
+keeps the earlier rows of the others (same --steps and --eval-problems).
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def run_preset(name: str, steps: int, eval_problems: int, out: Path) -> dict:
             "s_per_step": sum(r["time/step_s"] for r in records) / len(records)}
 
 
+def merged_with_earlier(rows: list[dict], args) -> list[dict]:
+    """A run of some presets keeps the other presets' rows of bench/results/presets.json when they were measured
+    with the same steps and evaluation size (this run's rows replace theirs), in PRESETS order."""
+    path = RESULTS / "presets.json"
+    if not path.is_file():
+        return rows
+    earlier = json.loads(path.read_text())
+    if (earlier.get("steps"), earlier.get("eval_problems")) != (args.steps, args.eval_problems):
+        return rows
+    by_name = {r["preset"]: r for r in earlier.get("rows", [])} | {r["preset"]: r for r in rows}
+    return [by_name[name] for name in PRESETS if name in by_name]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
@@ -50,6 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda n: run_preset(n, args.steps, args.eval_problems, Path(tmp) / n), args.presets))
+    rows = merged_with_earlier(rows, args)
     columns = ["preset", "heldout_acc", "heldout_length", "train_reward", "train_length", "s_per_step"]
     print(f"embedded demo task, {args.steps} GRPO steps per preset, held-out greedy accuracy on "
           f"{args.eval_problems} problems (base policy: {rows[0]['heldout_acc_before']:.3f})")

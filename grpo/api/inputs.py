@@ -249,7 +249,7 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[tor
     """The policy (dtype, LoRA, attention kernel and `train.lean_layers` applied; placed by `runtime`) and its tokenizer."""
     from grpo.modeling.lean_layers import use_lean_layers
     from grpo.modeling.lora import apply_lora, is_lora
-    from grpo.modeling.models import EMBEDDED_MODEL_DIR, align_special_tokens, load_policy
+    from grpo.modeling.models import EMBEDDED_MODEL_DIR, align_special_tokens, disable_dropout, load_policy
     from grpo.training.runtime import attn_implementation, set_attn_implementation
 
     mc = cfg.model
@@ -278,5 +278,7 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[tor
             raise ConfigError("lora.enabled: the model already has LoRA adapters (a peft model); its adapters are "
                               "trained as they are: set lora.enabled false")
         model = apply_lora(model, cfg.lora)
+    if cfg.train.disable_dropout:
+        disable_dropout(model)
     use_lean_layers(model, cfg.train.lean_layers)
     return runtime.place(model), tokenizer

@@ -192,6 +192,9 @@ class TrainConfig:
     gradient_checkpointing: bool | None = _f(None, "Recompute transformer layer activations in the backward pass "
                                              "(less memory, about 30% more update compute): true | false | empty = "
                                              "auto (on only when the update would not fit train.memory_budget_gib).")
+    disable_dropout: bool = _f(True, "Set the policy's dropout to 0 (nn.Dropout modules and attention_dropout; TRL's "
+                               "disable_dropout, off by default there): the update's log-probs then match the "
+                               "rollout's, the reference's and the old policy's. lora.dropout is kept.")
     lean_layers: bool = _f(False, "RMSNorm and SwiGLU MLP layers that keep 38% fewer activations for the backward "
                            "pass and recompute the rest (grpo/modeling/lean_layers.py); same values. Worth it for long "
                            "completions or a tight memory budget: speed-neutral on a 100M model, 22% slower updates "

@@ -97,6 +97,8 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "save_steps": ("train.save_steps", lambda v: int(v)),
     "save_total_limit": ("train.save_total_limit", lambda v: 0 if v is None else v),
     "gradient_checkpointing": ("train.gradient_checkpointing", _same),
+    "disable_dropout": ("train.disable_dropout", _same),
+    "entropy_coef": ("algorithm.entropy_coef", _same),
     "report_to": ("log.report_to", _report_to),
     "run_name": ("log.run_name", _same),
     "disable_tqdm": ("log.progress_bar", lambda v: not v),
@@ -147,7 +149,7 @@ NO_EFFECT = {
 }
 
 ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
-            | set(NO_EFFECT) | {"loss_type"})
+            | set(NO_EFFECT) | {"loss_type", "multi_objective_aggregation"})
 
 
 def is_trl_key(key: str) -> bool:
@@ -190,6 +192,17 @@ def _loss(trl: dict[str, Any]) -> dict[str, Any]:
     if policy == "cispo":
         out["algorithm.cispo_max"] = trl.get("epsilon_high") or trl.get("epsilon", 0.2)
     return out
+
+
+def _objectives(trl: dict[str, Any]) -> dict[str, Any]:
+    """multi_objective_aggregation -> algorithm.reward_combination; TRL's normalize_then_sum then standardises the
+    summed rewards over the whole batch whatever scale_rewards says: our scale_rewards batch (the group mean
+    it subtracts is already 0 after the per-function group normalisation)."""
+    mode = trl.get("multi_objective_aggregation")
+    if mode is None:
+        return {}
+    return {"algorithm.reward_combination": mode, **({"algorithm.scale_rewards": "batch"}
+                                                      if mode == "normalize_then_sum" else {})}
 
 
 def _rewards(trl: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +248,7 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
     for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (REF_SYNC_KEYS, _ref_sync(trl)),
                            (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)),
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
-                            _loss(trl))):
+                            _loss(trl)), (("multi_objective_aggregation",), _objectives(trl))):
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")

@@ -223,3 +223,17 @@ def model_device(model: torch.nn.Module) -> torch.device:
     """The device of the model's first parameter (cpu for a model without parameters)."""
     param = next(model.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Every dropout of the model set to 0 (TRL's ``disable_dropout``, on by default there): nn.Dropout modules
+    and the float ``attention_dropout`` of Hugging Face attention layers. LoRA's own dropout (peft's
+    ``lora_dropout`` modules: ``lora.dropout``, set explicitly) is kept. Returns how many were non-zero."""
+    changed = 0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout) and ".lora_dropout." not in f".{name}." and module.p > 0:
+            module.p, changed = 0.0, changed + 1
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, float) and rate > 0:
+            module.attention_dropout, changed = 0.0, changed + 1
+    return changed

@@ -96,3 +96,18 @@ def test_grpo_loss_aggregates_every_policy_loss_alike(name):
     kl = torch.exp(ref - logp) - (ref - logp) - 1
     expected = ((per_token + 0.04 * kl) * mask).sum() / mask.sum()
     assert terms.loss.item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["cispo", "sapo", "vespo"])
+def test_on_policy_every_policy_loss_has_grpos_gradient(name):
+    """With pi_old = pi_theta (num_iterations 1) every ratio is 1: CISPO's weight min(1, cap) = 1, SAPO's gate
+    slope 1, VESPO's phi(1) = 1, so the gradient is the clip loss's, -A grad log pi, token for token."""
+    logp, _, adv, mask = inputs(2)
+    grads = []
+    for loss_name in ("clip", name):
+        x = logp.detach().clone().requires_grad_()
+        grpo_loss(x, x.detach(), None, adv, mask, epsilon=0.2, epsilon_high=0.28, beta=0.0, agg_mode="token-mean",
+                  normalizer=float(mask.sum()), policy_loss=loss_name).loss.backward()
+        grads.append(x.grad)
+    assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-12)
+    assert torch.allclose(grads[0], -adv[:, None] * mask / mask.sum())

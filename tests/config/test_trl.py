@@ -47,6 +47,10 @@ CASES = [
      {"algorithm.policy_loss": "vespo", "algorithm.loss_agg_mode": "token-mean", "algorithm.vespo_k_pos": 1.0,
       "algorithm.vespo_lambda_pos": 2.0, "algorithm.vespo_k_neg": 4.0, "algorithm.vespo_lambda_neg": 1.0}),
     ({"delta": 4.0}, {"algorithm.clip_delta": 4.0}),
+    ({"disable_dropout": False, "entropy_coef": 0.01}, {"train.disable_dropout": False, "algorithm.entropy_coef": 0.01}),
+    ({"multi_objective_aggregation": "normalize_then_sum", "scale_rewards": "group"},   # TRL: batch std regardless
+     {"algorithm.reward_combination": "normalize_then_sum", "algorithm.scale_rewards": "batch"}),
+    ({"multi_objective_aggregation": "sum_then_normalize"}, {"algorithm.reward_combination": "sum_then_normalize"}),
     ({"scale_rewards": False}, {"algorithm.scale_rewards": "none"}),
     ({"scale_rewards": True}, {"algorithm.scale_rewards": "group"}),
     ({"scale_rewards": "batch"}, {"algorithm.scale_rewards": "batch"}),

@@ -329,3 +329,42 @@ def test_remote_code_runs_only_when_trusted(tmp_path, monkeypatch):
         load_policy(tmp_path)
     model, _ = load_policy(tmp_path, trust_remote_code=True)
     assert type(model).__name__ == "TinyCustomForCausalLM"
+
+
+def test_disable_dropout_zeroes_every_dropout_but_loras():
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+    from grpo.config import build_config
+    from grpo.modeling.lora import apply_lora
+    from grpo.modeling.models import disable_dropout
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=32))  # p = 0.1
+    before = sum(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in gpt2.modules())
+    assert before > 0 and disable_dropout(gpt2) == before
+    assert all(m.p == 0 for m in gpt2.modules() if isinstance(m, torch.nn.Dropout))
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=32, attention_dropout=0.2))
+    qwen = apply_lora(qwen, build_config(overrides={"lora.enabled": True, "lora.dropout": 0.1}).lora)
+    assert disable_dropout(qwen) == 2                           # each layer's attention_dropout
+    assert all(m.attention_dropout == 0.0 for m in qwen.modules() if hasattr(m, "attention_dropout"))
+    lora = [m for n, m in qwen.named_modules() if isinstance(m, torch.nn.Dropout) and ".lora_dropout." in f".{n}."]
+    assert lora and all(m.p == 0.1 for m in lora)               # lora.dropout is the user's explicit choice
+
+
+def test_the_trainer_disables_dropout_unless_told_not_to(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import grpo
+    from grpo.modeling.models import build_tokenizer
+
+    tok = build_tokenizer()
+    rows = [{"prompt": "1+1=", "solution": "2"}] * 4
+
+    def trainer(**over):
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, n_positions=64))
+        return grpo.Trainer(model, reward_funcs=["format"], train_dataset=rows, tokenizer=tok,
+                            config={"train.output_dir": str(tmp_path / "o"), **over}).model
+
+    rates = lambda m: {mod.p for mod in m.modules() if isinstance(mod, torch.nn.Dropout)}  # noqa: E731
+    assert rates(trainer()) == {0.0}
+    assert rates(trainer(**{"train.disable_dropout": False})) == {0.1}
