@@ -47,7 +47,17 @@ class AlgorithmConfig:
     vespo_lambda_pos: float = _f(3.0, "VESPO lambda for A >= 0.")
     vespo_k_neg: float = _f(3.0, "VESPO k for A < 0.")
     vespo_lambda_neg: float = _f(2.0, "VESPO lambda for A < 0.")
-    entropy_coef: float = _f(0.0, "Entropy bonus: loss -= entropy_coef * H, aggregated like the policy term (0 = off).")
+    entropy_coef: float = _f(0.0, "Entropy bonus: loss -= entropy_coef * H, aggregated like the policy term (0 = off); "
+                             "with entropy_control adaptive, the starting coefficient.")
+    entropy_control: str = _f("fixed", "How the entropy coefficient moves (registry in "
+                              "grpo/algorithms/entropy_control.py): fixed | adaptive (Skywork-OR1: +-entropy_coef_delta "
+                              "per optimizer step towards entropy_target, applied only while the entropy is at or "
+                              "below it; TRL use_adaptive_entropy).")
+    entropy_target: float = _f(0.2, "adaptive: target mean token entropy in nats (set it near the entropy of early "
+                               "training, metric policy/entropy).")
+    entropy_coef_delta: float = _f(0.005, "adaptive: change of the coefficient per optimizer step.")
+    entropy_coef_min: float = _f(0.0, "adaptive: lower bound of the coefficient.")
+    entropy_coef_max: float = _f(1.0, "adaptive: upper bound of the coefficient.")
     top_entropy_rho: float = _f(1.0, "Train only on this fraction of the batch's active tokens with the highest "
                                 "entropy (\"80/20\": 0.2; 1.0 = all tokens).")
     kl_in: str = _f("loss", "Where the beta * KL penalty goes: loss (GRPO) | reward (subtracted from the outcome reward).")

@@ -47,6 +47,7 @@ def validate(cfg: Config) -> None:
     from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
     from grpo.algorithms.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
     from grpo.algorithms.policy_losses import POLICY_LOSSES
+    from grpo.algorithms.entropy_control import ENTROPY_CONTROLS
     from grpo.algorithms.shaping import GFPO_METRICS
     from grpo.algorithms.stabilisers import KL_CORRECTION_LOG_RATIOS, OFF_POLICY_MEASURES, ROLLOUT_CORRECTIONS
     from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES
@@ -83,6 +84,10 @@ def validate(cfg: Config) -> None:
          f"algorithm.importance_sampling_level must be one of {sorted(IMPORTANCE_RATIOS)}"),
         (cfg.algorithm.clip_ratio_c is None or cfg.algorithm.clip_ratio_c > 1, "algorithm.clip_ratio_c must be > 1 (or empty)"),
         (cfg.algorithm.policy_loss in POLICY_LOSSES, f"algorithm.policy_loss must be one of {sorted(POLICY_LOSSES)}"),
+        (cfg.algorithm.entropy_control in ENTROPY_CONTROLS,
+         f"algorithm.entropy_control must be one of {sorted(ENTROPY_CONTROLS)}"),
+        (0 <= cfg.algorithm.entropy_coef_min <= cfg.algorithm.entropy_coef_max and cfg.algorithm.entropy_coef_delta >= 0,
+         "algorithm.entropy_coef_min <= entropy_coef_max (both >= 0) and entropy_coef_delta >= 0"),
         (cfg.algorithm.policy_loss == "clip" or (cfg.algorithm.clip_ratio_c is None and cfg.algorithm.clip_delta is None),
          "algorithm.clip_ratio_c and algorithm.clip_delta shape the clip policy loss; with "
          f"policy_loss {cfg.algorithm.policy_loss} leave them empty"),

@@ -37,7 +37,8 @@ from grpo.state.output_dir import OutputDirLock, prepare_output_dir
 from grpo.training.evaluate import eval_metrics, eval_rows
 from grpo.training.guards import BadSteps, deterministic_mode
 from grpo.training.reward_model_updates import build_extras
-from grpo.training.loss_modules import build_learnable_losses, token_preference_of
+from grpo.training.loss_modules import (build_entropy_control, build_learnable_losses, entropy_control_of,
+                                         token_preference_of)
 from grpo.training.critic import build_critics, critic_of
 from grpo.state.metrics import step_metrics
 from grpo.modeling.precision import autocast, autocast_dtype
@@ -100,13 +101,17 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
     """One optimizer update on the step's batch, as the memory plan says (grpo.training.memory_plan.MemoryPlan:
     micro-batch tokens, checkpointing, LM-head chunk); the `update` test hook fires after it."""
     policy, hooks = world.update_target()
+    control = entropy_control_of(state.extras)                  # algorithm.entropy_control adaptive
     stats = policy_update(policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
                           temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
                           max_grad_norm=cfg.optim.max_grad_norm,
                           norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
                           logprob_chunk_size=plan.logprob_chunk_size,
                           gradient_checkpointing=plan.gradient_checkpointing, parallel=hooks,
-                          micro_batch_tokens=plan.micro_batch_tokens, preference=token_preference_of(state.extras))   # lambda-GRPO
+                          micro_batch_tokens=plan.micro_batch_tokens, preference=token_preference_of(state.extras),
+                          entropy_coef=control.applied() if control is not None else None)   # lambda-GRPO, entropy
+    if control is not None and not stats.skipped:
+        control.observe(stats.entropy)
     state.optimizer.zero_grad(set_to_none=True)   # not needed before the next update: out of the rollout's peak
     emit("update", step)
     return stats
@@ -133,7 +138,7 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
                                            [x.param_group() for x in learnable])
     state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
                        PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle),
-                       extras=[*learnable, *build_critics(cfg, model)])   # Hybrid GRPO's value head
+                       extras=[*learnable, *build_critics(cfg, model), *build_entropy_control(cfg)])   # value head
     return state, prompt_set
 
 

@@ -142,7 +142,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                   max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
                   gradient_checkpointing: bool | None = None, parallel=None,
                   micro_batch_tokens: int = 0, scaler: torch.amp.GradScaler | None = None,
-                  preference=None) -> UpdateStats:
+                  preference=None, entropy_coef: float | None = None) -> UpdateStats:
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
@@ -163,6 +163,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     clipping; a step whose gradients overflow is skipped like any non-finite step and halves the scale.
     `preference` (grpo.algorithms.token_preference.TokenPreference, lambda-GRPO): its per-completion weights f_i
     multiply the policy term (with `token-mean`: the weighted token mean), and lambda gets its gradient.
+    `entropy_coef`: the bonus coefficient of this step (None: ``algo.entropy_coef``; the adaptive controller's).
     """
     par = parallel or SingleProcess(model)
     device = next(model.parameters()).device
@@ -177,6 +178,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     beta = algo.beta if algo.kl_in == "loss" else 0.0
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
     normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
+    entropy_coef = algo.entropy_coef if entropy_coef is None else entropy_coef   # adaptive: the controller's
     policy_params = PolicyLossParams(clip_delta=algo.clip_delta, cispo_max=algo.cispo_max,
                                      sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg,
                                      vespo_k_pos=algo.vespo_k_pos, vespo_lambda_pos=algo.vespo_lambda_pos,
@@ -191,7 +193,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
             mb = batch.rows(rows)
             with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end
                 logp, entropy = par.forward(mb.input_ids, mb.attention_mask, T, temperature, True,
-                                            algo.entropy_coef > 0, logprob_chunk_size,
+                                            entropy_coef != 0, logprob_chunk_size,
                                             model_inputs=mb.model_inputs)  # [n, T]; a VLM's pixel_values too
                 old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
                 terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
@@ -199,7 +201,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                                   beta=beta if mb.beta is None or beta == 0 else mb.beta,   # per-domain beta [n]
                                   kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
                                   importance_sampling_level=algo.importance_sampling_level,
-                                  clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=algo.entropy_coef,
+                                  clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=entropy_coef,
                                   kl_ratio_correction=algo.kl_ratio_correction, policy_loss=algo.policy_loss,
                                   policy_params=policy_params,
                                   policy_weight=policy_weight(algo, logp, old, mb, preference,

@@ -41,6 +41,8 @@ def test_unknown_key_lists_valid_ones():
     ("rollout.min_p", 1.0, "rollout.min_p must be in \\[0, 1\\)"),
     ("algorithm.policy_loss", "ppo", "algorithm.policy_loss must be one of \\['cispo', 'clip', 'sapo', 'vespo'\\]"),
     ("algorithm.clip_delta", 1.0, "algorithm.clip_delta must be > 1"),
+    ("algorithm.entropy_control", "pid", "algorithm.entropy_control must be one of \\['adaptive', 'fixed'\\]"),
+    ("algorithm.entropy_coef_min", 2.0, "algorithm.entropy_coef_min <= entropy_coef_max"),
     ("algorithm.cispo_max", 0.0, "algorithm.cispo_max must be > 0"),
     ("algorithm.sapo_tau_neg", 0.0, "sapo_tau_pos and sapo_tau_neg must be > 0"),
     ("algorithm.vespo_lambda_neg", 0.0, "algorithm.vespo_k_\\* must be >= 0 and algorithm.vespo_lambda_\\* > 0"),

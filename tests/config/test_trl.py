@@ -48,6 +48,11 @@ CASES = [
       "algorithm.vespo_lambda_pos": 2.0, "algorithm.vespo_k_neg": 4.0, "algorithm.vespo_lambda_neg": 1.0}),
     ({"delta": 4.0}, {"algorithm.clip_delta": 4.0}),
     ({"disable_dropout": False, "entropy_coef": 0.01}, {"train.disable_dropout": False, "algorithm.entropy_coef": 0.01}),
+    ({"use_adaptive_entropy": True, "entropy_target": 1.5, "entropy_coef_delta": 0.001, "entropy_coef_min": 0.001,
+      "entropy_coef_max": 0.1},
+     {"algorithm.entropy_control": "adaptive", "algorithm.entropy_target": 1.5, "algorithm.entropy_coef_delta": 0.001,
+      "algorithm.entropy_coef_min": 0.001, "algorithm.entropy_coef_max": 0.1}),
+    ({"use_adaptive_entropy": False}, {"algorithm.entropy_control": "fixed"}),
     ({"multi_objective_aggregation": "normalize_then_sum", "scale_rewards": "group"},   # TRL: batch std regardless
      {"algorithm.reward_combination": "normalize_then_sum", "algorithm.scale_rewards": "batch"}),
     ({"multi_objective_aggregation": "sum_then_normalize"}, {"algorithm.reward_combination": "sum_then_normalize"}),
