@@ -23,7 +23,16 @@ class AlgorithmConfig:
     loss_agg_mode: str = _f("seq-mean-token-mean", "Loss aggregation (registry in grpo/algorithms/loss.py): seq-mean-token-mean | "
                             "token-mean | seq-mean-token-sum | seq-mean-token-sum-norm.")
     loss_norm_length: int = _f(0, "Constant L of seq-mean-token-sum-norm (0 = rollout.max_new_tokens).")
-    num_iterations: int = _f(1, "mu: optimizer steps per generation batch (old log-probs stored).")
+    num_iterations: int = _f(1, "mu: passes over each generation batch (old log-probs stored when > 1).")
+    mini_batches: int = _f(1, "PPO mini-batches: each pass splits the step's groups into this many equal parts, one "
+                           "optimizer update each (verl: ppo_mini_batch_size = prompts_per_step / mini_batches; TRL: "
+                           "steps_per_generation / gradient_accumulation_steps). Updates per step = num_iterations x "
+                           "mini_batches; with more than one, the old policy's log-probs are stored.")
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per generation batch: num_iterations x mini_batches."""
+        return self.num_iterations * self.mini_batches
     scale_rewards: str = _f("group", "Std used by the grpo estimator (as TRL): group | batch | none (no division). "
                             "advantage_estimator=dr_grpo is an alias of grpo with none (batch is refused); rloo and "
                             "reinforce_pp ignore it.")

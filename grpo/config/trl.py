@@ -91,10 +91,8 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "vllm_importance_sampling_clip_min": ("algorithm.rollout_correction_min", _same),
     "vllm_importance_sampling_clip_max": ("algorithm.rollout_correction_max", _same),
     "reward_weights": ("reward.weights", _same),
-    "max_steps": ("train.max_steps", _same),
     "seed": ("train.seed", _same),
     "output_dir": ("train.output_dir", _same),
-    "save_steps": ("train.save_steps", lambda v: int(v)),
     "save_total_limit": ("train.save_total_limit", lambda v: 0 if v is None else v),
     "gradient_checkpointing": ("train.gradient_checkpointing", _same),
     "disable_dropout": ("train.disable_dropout", _same),
@@ -125,7 +123,9 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 #: TRL's batch keys: completions per device per forward/backward, and the accumulation steps of one
 #: optimizer step. One TRL step trains on per_device_train_batch_size x gradient_accumulation_steps
 #: completions (x processes), i.e. that / num_generations prompts: our train.prompts_per_step.
-BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
+#: TRL counts optimizer updates; we count generation batches of num_iterations x mini_batches updates each.
+STEP_KEYS = ("max_steps", "save_steps")
 #: TRL's reference refresh: sync_ref_model turns it on, every ref_model_sync_steps with mixup alpha.
 REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")
 #: TRL defaults used when only some of the combined keys are given.
@@ -153,7 +153,7 @@ NO_EFFECT = {
                     "grpo's own sampler generates the rollouts"),
 }
 
-ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
+ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(STEP_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
             | set(NO_EFFECT) | {"loss_type", "multi_objective_aggregation"})
 
 
@@ -162,18 +162,44 @@ def is_trl_key(key: str) -> bool:
 
 
 def _batch(trl: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """per_device_train_batch_size / gradient_accumulation_steps -> micro_batch_size and prompts_per_step."""
+    """per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation -> micro_batch_size,
+    prompts_per_step (a generation batch: per_device x steps_per_generation x processes completions) and
+    mini_batches (its optimizer updates: steps_per_generation / gradient_accumulation_steps)."""
     if not any(k in trl for k in BATCH_KEYS):
         return {}
     per_device = trl.get("per_device_train_batch_size", TRL_DEFAULTS["per_device_train_batch_size"])
     accumulation = trl.get("gradient_accumulation_steps", TRL_DEFAULTS["gradient_accumulation_steps"])
+    per_generation = trl.get("steps_per_generation") or accumulation
     group = trl.get("num_generations", TRL_DEFAULTS["num_generations"])
-    completions = per_device * accumulation * world_size
+    completions = per_device * per_generation * world_size
     if completions % group:
-        raise ConfigError(f"TRL keys per_device_train_batch_size={per_device} x gradient_accumulation_steps="
-                          f"{accumulation} x {world_size} processes = {completions} completions per step, not "
-                          f"divisible by num_generations={group}")
-    return {"train.micro_batch_size": per_device, "train.prompts_per_step": completions // group}
+        raise ConfigError(f"TRL keys per_device_train_batch_size={per_device} x steps_per_generation (or "
+                          f"gradient_accumulation_steps)={per_generation} x {world_size} processes = {completions} "
+                          f"completions per generation batch, not divisible by num_generations={group}")
+    if per_generation % accumulation:
+        raise ConfigError(f"TRL key steps_per_generation={per_generation} is not a multiple of "
+                          f"gradient_accumulation_steps={accumulation}")
+    return {"train.micro_batch_size": per_device, "train.prompts_per_step": completions // group,
+            **({"algorithm.mini_batches": per_generation // accumulation} if per_generation > accumulation else {})}
+
+
+def _steps(trl: dict[str, Any]) -> dict[str, Any]:
+    """max_steps / save_steps count TRL's optimizer updates; ours count generation batches, each of
+    num_iterations x (steps_per_generation / gradient_accumulation_steps) updates, as TRL generates anew."""
+    if not any(k in trl for k in STEP_KEYS):
+        return {}
+    accumulation = trl.get("gradient_accumulation_steps", TRL_DEFAULTS["gradient_accumulation_steps"])
+    per_generation = (trl.get("num_iterations") or 1) * ((trl.get("steps_per_generation") or accumulation) // accumulation)
+    out = {}
+    for key in STEP_KEYS:
+        if key in trl:
+            value = int(trl[key])
+            if value % per_generation:
+                raise ConfigError(f"TRL key {key}={value} counts optimizer updates, {per_generation} per generation "
+                                  f"batch here (num_iterations x steps_per_generation / gradient_accumulation_steps): "
+                                  f"give a multiple of {per_generation}")
+            out[f"train.{key}"] = value // per_generation
+    return out
 
 
 def _ref_sync(trl: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +276,7 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
             lines.append(f"{key} -> {ours}")
         elif key in NO_EFFECT:
             lines.append(f"{key} ignored ({NO_EFFECT[key]})")
-    for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (REF_SYNC_KEYS, _ref_sync(trl)),
+    for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (STEP_KEYS, _steps(trl)), (REF_SYNC_KEYS, _ref_sync(trl)),
                            (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)),
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
                             _loss(trl)), (("multi_objective_aggregation",), _objectives(trl))):

@@ -74,13 +74,14 @@ def apply_optimizer_settings(optimizer, scheduler, cfg: Config, saved: dict[str,
     """After the optimizer and scheduler states are loaded: the run's optim.* values replace the
     checkpoint's, and the learning rate is that of the run's schedule at the checkpoint's position.
 
-    The schedule's position counts optimizer updates; with a changed ``algorithm.num_iterations``
-    (updates per step) it is rescaled to the same step. Unchanged settings give back the very values
+    The schedule's position counts optimizer updates; with a changed ``algorithm.num_iterations`` or
+    ``algorithm.mini_batches`` (updates per step) it is rescaled to the same step. Unchanged settings give back the very values
     the checkpoint holds (the same float operations as ``LambdaLR``), so an unchanged resume stays
     bit-identical.
     """
-    oc, mu = cfg.optim, cfg.algorithm.num_iterations
-    old_mu = flat_config(saved).get("algorithm.num_iterations") or mu
+    oc, mu = cfg.optim, cfg.algorithm.updates_per_step
+    flat = flat_config(saved)
+    old_mu = (flat.get("algorithm.num_iterations") or cfg.algorithm.num_iterations) * (flat.get("algorithm.mini_batches") or 1)
     if old_mu != mu:
         scheduler.last_epoch = scheduler.last_epoch * mu // old_mu
     scheduler.base_lrs = [group.get("grpo_lr", oc.lr) for group in optimizer.param_groups]   # loss modules: own lr

@@ -232,7 +232,7 @@ class Parallel:
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         self.wrapped = fully_shard(module, mesh=mesh)
         self.policy = module.model
-        optimizer, scheduler = build_optimizer(self.wrapped, cfg.optim, cfg.train.max_steps * cfg.algorithm.num_iterations)
+        optimizer, scheduler = build_optimizer(self.wrapped, cfg.optim, cfg.train.max_steps * cfg.algorithm.updates_per_step)
         saved = state.optimizer.state_dict()
         if saved.get("state"):          # resumed: the checkpoint's (full, id-keyed) state
             set_optimizer_state_dict(self.wrapped, optimizer, self._by_name(saved),

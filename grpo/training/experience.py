@@ -212,7 +212,7 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     extra = gen.model_inputs                                 # [N, ...] e.g. a VLM's pixel_values, with every forward
     ref = (reference.logprobs(input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget, model_inputs=extra)
            if reference is not None else None)
-    needs_old = algo.num_iterations > 1 or (algo.kl_in == "reward" and ref is not None)
+    needs_old = algo.updates_per_step > 1 or (algo.kl_in == "reward" and ref is not None)
     old = (fixed_logprobs(model, input_ids, attention_mask, T, ro.temperature, mb, max_tokens=budget, model_inputs=extra)
            if needs_old else None)
     total = groups.total
@@ -253,7 +253,7 @@ def make_experience(model, tokenizer, stream: PromptStream, rewards, step_reward
     sampled = gen.sampling_logprobs if comparable else None                 # [N, T]
     if old is not None and sampled is not None:          # the sampler vs a forward of the same policy
         metrics["rollout/logprob_diff"] = logprob_gap(old, sampled, gen.loss_mask)
-    if algo.num_iterations == 1:
+    if algo.updates_per_step == 1:
         old = None                                       # pi_old = pi_theta.detach() in the update
     batch = TrainBatch(input_ids, attention_mask, mask, values.to(input_ids.device), old, ref, sampled,
                        None if row_beta is None else row_beta.to(input_ids.device), extra)

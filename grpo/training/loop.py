@@ -91,6 +91,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def mini_batches(batch: TrainBatch, k: int) -> list[TrainBatch]:
+    """The step's batch in `k` equal, consecutive row ranges (whole groups: prompts_per_step splits into k), one
+    optimizer update each (``algorithm.mini_batches``); k = 1: the batch itself."""
+    n = batch.input_ids.shape[0]
+    return [batch] if k == 1 else [batch.rows(slice(i * n // k, (i + 1) * n // k)) for i in range(k)]
+
+
 def mean_stats(stats: list[UpdateStats]) -> dict[str, float]:
     """Average the update statistics of the mu optimizer steps of one generation batch."""
     fields = [f.name for f in dataclasses.fields(UpdateStats)]
@@ -134,7 +141,7 @@ def initial_state(job: Job) -> tuple[TrainState, Any]:
                                 offload=job.runtime.ref_offload(model),   # train.ref_offload: weights in a file
                                 offload_dir=tc.output_dir)
     learnable = build_learnable_losses(cfg, model)              # lambda-GRPO's lambda: trained with the policy
-    optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.num_iterations,
+    optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * cfg.algorithm.updates_per_step,
                                            [x.param_group() for x in learnable])
     state = TrainState(model, job.tokenizer, optimizer, scheduler, reference,
                        PromptStream(prompt_set.rows, tc.seed, cfg.data.shuffle),
@@ -193,7 +200,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 emit("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
-                    stats = [update(state, exp.batch, cfg, step, world, plan) for _ in range(algo.num_iterations)]
+                    stats = [update(state, part, cfg, step, world, plan) for _ in range(algo.num_iterations)
+                             for part in mini_batches(exp.batch, algo.mini_batches)]    # PPO epochs x mini-batches
                 world.after_update(state)                      # FSDP2: new full weights into the rollout model
                 times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
                          "experience_s": t1 - t0}

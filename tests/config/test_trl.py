@@ -85,6 +85,14 @@ CASES = [
     ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "num_generations": 16},
      {"train.micro_batch_size": 8, "train.prompts_per_step": 2, "rollout.num_generations": 16}),
     ({"per_device_train_batch_size": 16}, {"train.micro_batch_size": 16, "train.prompts_per_step": 2}),
+    # a generation batch of 4 x 8 = 32 completions (8 prompts of G = 4), 8 / 2 = 4 optimizer updates on it
+    ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "steps_per_generation": 8,
+      "num_generations": 4},
+     {"train.micro_batch_size": 4, "train.prompts_per_step": 8, "algorithm.mini_batches": 4,
+      "rollout.num_generations": 4}),
+    # TRL's max_steps / save_steps count optimizer updates: 2 per generation batch with num_iterations 2
+    ({"max_steps": 100, "save_steps": 20, "num_iterations": 2},
+     {"train.max_steps": 50, "train.save_steps": 10, "algorithm.num_iterations": 2}),
     ({"sync_ref_model": True, "ref_model_sync_steps": 64, "ref_model_mixup_alpha": 0.9},
      {"algorithm.ref_update_steps": 64, "algorithm.ref_mix_alpha": 0.9}),
     ({"sync_ref_model": True}, {"algorithm.ref_update_steps": 512, "algorithm.ref_mix_alpha": 0.6}),
@@ -158,6 +166,9 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
     ({"lr_scheduler_type": "polynomial"}, "TRL key 'lr_scheduler_type': 'polynomial'"),
     ({"per_device_train_batch_size": 6, "num_generations": 4}, "not divisible by num_generations=4"),
     ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true"),
+    ({"max_steps": 5, "num_iterations": 2}, "TRL key max_steps=5 counts optimizer updates, 2 per generation batch"),
+    ({"steps_per_generation": 3, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 8},
+     "steps_per_generation=3 is not a multiple of gradient_accumulation_steps=2"),
 ])
 def test_keys_without_an_equivalent_are_errors_naming_them(trl, message):
     with pytest.raises(ConfigError, match=message):
