@@ -33,11 +33,13 @@ _PRINTED: set[str] = set()
 
 def split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """A user's dict as (nested sections, our flat `section.key` overrides, TRL keys)."""
+    from grpo.config.trl import is_trl_key
+
     nested, ours, trl = {}, {}, {}
     for key, value in flat.items():
         if not isinstance(key, str):
             raise ConfigError(f"config keys must be strings, got {key!r}")
-        if key in SECTIONS or ("." not in key and isinstance(value, dict)):   # a mapping: a section (misspelt: error)
+        if key in SECTIONS or ("." not in key and isinstance(value, dict) and not is_trl_key(key)):   # a misspelt section
             nested[key] = value
         elif "." in key:
             ours[key] = value

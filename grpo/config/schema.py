@@ -8,6 +8,7 @@ the tree is validated once and never mutated afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from grpo.config.algorithm import AlgorithmConfig
 from grpo.config.fields import _f
@@ -65,6 +66,8 @@ class DataConfig:
     prompt_column: str = _f("prompt", "Name of the prompt column in the dataset (copied to `prompt`).")
     system_prompt: str | None = _f(None, "System message prepended to chat prompts; a string prompt becomes a user message "
                                    "after it if the tokenizer has a chat template, else is prefixed by it and a newline.")
+    chat_template_kwargs: dict[str, Any] = _f({}, "Extra arguments of the chat template for every prompt, e.g. "
+                                              "{enable_thinking: false} for Qwen3 (TRL's chat_template_kwargs).")
     max_prompt_length: int = _f(0, "Longest prompt in tokens, after chat templating (0 = no limit); see data.long_prompts.")
     long_prompts: str = _f("drop", "Prompts longer than data.max_prompt_length: drop | truncate (keep the last tokens) "
                            "| error; the count is logged.")

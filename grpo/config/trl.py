@@ -118,12 +118,14 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "lora_target_modules": ("lora.target_modules", lambda v: ["all-linear"] if v is None else v),
     "dataset_name": ("data.dataset", _same),
     "dataset_train_split": ("data.split", _same),
+    "chat_template_kwargs": ("data.chat_template_kwargs", lambda v: v or {}),
 }
 
 #: TRL's batch keys: completions per device per forward/backward, and the accumulation steps of one
 #: optimizer step. One TRL step trains on per_device_train_batch_size x gradient_accumulation_steps
 #: completions (x processes), i.e. that / num_generations prompts: our train.prompts_per_step.
-BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
+BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+              "generation_batch_size")
 #: TRL counts optimizer updates; we count generation batches of num_iterations x mini_batches updates each.
 STEP_KEYS = ("max_steps", "save_steps")
 #: TRL's reference refresh: sync_ref_model turns it on, every ref_model_sync_steps with mixup alpha.
@@ -169,7 +171,7 @@ def _batch(trl: dict[str, Any], world_size: int) -> dict[str, Any]:
         return {}
     per_device = trl.get("per_device_train_batch_size", TRL_DEFAULTS["per_device_train_batch_size"])
     accumulation = trl.get("gradient_accumulation_steps", TRL_DEFAULTS["gradient_accumulation_steps"])
-    per_generation = trl.get("steps_per_generation") or accumulation
+    per_generation = _steps_per_generation(trl, world_size)
     group = trl.get("num_generations", TRL_DEFAULTS["num_generations"])
     completions = per_device * per_generation * world_size
     if completions % group:
@@ -183,13 +185,29 @@ def _batch(trl: dict[str, Any], world_size: int) -> dict[str, Any]:
             **({"algorithm.mini_batches": per_generation // accumulation} if per_generation > accumulation else {})}
 
 
-def _steps(trl: dict[str, Any]) -> dict[str, Any]:
+def _steps_per_generation(trl: dict[str, Any], world_size: int) -> int:
+    """TRL's steps_per_generation, or generation_batch_size / (per_device_train_batch_size x processes), or
+    gradient_accumulation_steps (its default)."""
+    per_device = trl.get("per_device_train_batch_size", TRL_DEFAULTS["per_device_train_batch_size"])
+    if trl.get("steps_per_generation") and trl.get("generation_batch_size"):
+        raise ConfigError("TRL keys steps_per_generation and generation_batch_size: give one (as TRL requires)")
+    if trl.get("generation_batch_size"):
+        size = int(trl["generation_batch_size"])
+        if size % (per_device * world_size):
+            raise ConfigError(f"TRL key generation_batch_size={size} is not a multiple of per_device_train_batch_size="
+                              f"{per_device} x {world_size} processes")
+        return size // (per_device * world_size)
+    return trl.get("steps_per_generation") or trl.get("gradient_accumulation_steps",
+                                                       TRL_DEFAULTS["gradient_accumulation_steps"])
+
+
+def _steps(trl: dict[str, Any], world_size: int) -> dict[str, Any]:
     """max_steps / save_steps count TRL's optimizer updates; ours count generation batches, each of
     num_iterations x (steps_per_generation / gradient_accumulation_steps) updates, as TRL generates anew."""
     if not any(k in trl for k in STEP_KEYS):
         return {}
     accumulation = trl.get("gradient_accumulation_steps", TRL_DEFAULTS["gradient_accumulation_steps"])
-    per_generation = (trl.get("num_iterations") or 1) * ((trl.get("steps_per_generation") or accumulation) // accumulation)
+    per_generation = (trl.get("num_iterations") or 1) * (_steps_per_generation(trl, world_size) // accumulation)
     out = {}
     for key in STEP_KEYS:
         if key in trl:
@@ -276,7 +294,7 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
             lines.append(f"{key} -> {ours}")
         elif key in NO_EFFECT:
             lines.append(f"{key} ignored ({NO_EFFECT[key]})")
-    for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (STEP_KEYS, _steps(trl)), (REF_SYNC_KEYS, _ref_sync(trl)),
+    for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (STEP_KEYS, _steps(trl, world_size)), (REF_SYNC_KEYS, _ref_sync(trl)),
                            (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)),
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
                             _loss(trl)), (("multi_objective_aggregation",), _objectives(trl))):

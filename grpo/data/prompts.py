@@ -70,9 +70,10 @@ def uses_chat_template(tokenizer, conversational: bool, system_prompt: str | Non
 
 
 def render_prompt(tokenizer, prompt: str | list[dict[str, Any]], system_prompt: str | None = None,
-                  tools: list | None = None) -> str:
+                  tools: list | None = None, template_kwargs: dict[str, Any] | None = None) -> str:
     """The text the policy sees for one raw prompt (see the module docstring); `tools` (functions of a
-    multi-turn environment) go to the chat template, which renders their JSON schemas."""
+    multi-turn environment) go to the chat template, which renders their JSON schemas; `template_kwargs`
+    (``data.chat_template_kwargs``, e.g. enable_thinking) go to it too."""
     if isinstance(prompt, str):
         if not system_prompt:
             return prompt
@@ -82,15 +83,14 @@ def render_prompt(tokenizer, prompt: str | list[dict[str, Any]], system_prompt: 
     if not has_chat_template(tokenizer):
         raise DataError("chat-message prompts need a tokenizer with a chat template (tokenizer.chat_template)")
     messages = [_clean(m) for m in with_system_prompt(prompt, system_prompt)]
-    if tools:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def encode_prompts(tokenizer, prompts: list, system_prompt: str | None, conversational: bool,
-                   tools: list | None = None) -> list[list[int]]:
+                   tools: list | None = None, template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
     """Token ids of every rendered prompt, one tokenizer call for the whole list."""
-    texts = [render_prompt(tokenizer, p, system_prompt, tools) for p in prompts]
+    texts = [render_prompt(tokenizer, p, system_prompt, tools, template_kwargs) for p in prompts]
     templated = uses_chat_template(tokenizer, conversational, system_prompt)
     return tokenizer(texts, add_special_tokens=not templated)["input_ids"]
 
@@ -156,7 +156,8 @@ def load_prompts(cfg: DataConfig, seed: int = 0, tokenizer=None, records=None, t
     if conversational and not has_chat_template(tokenizer):
         raise DataError(f"{source}: prompts are chat messages but the tokenizer has no chat template; "
                         f"set tokenizer.chat_template or use string prompts")
-    ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.system_prompt, conversational, tools)
+    ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.system_prompt, conversational, tools,
+                         dict(cfg.chat_template_kwargs))
     kept, ids, dropped, truncated = apply_length_policy(ids, cfg.max_prompt_length, cfg.long_prompts, source, where)
     rows = [dict(rows[i], **{IDS_KEY: x}) for i, x in zip(kept, ids)]
     return PromptSet(rows, source, conversational, dropped, truncated, len(skipped))

@@ -45,13 +45,13 @@ def split_row(row: dict[str, Any], where: str) -> tuple[Any, str]:
     return row["prompt"], str(row["completion"])
 
 
-def encode_rows(tokenizer, rows: list[dict[str, Any]], system_prompt: str | None = None, source: str = "dataset"
-                ) -> list[tuple[list[int], list[int]]]:
+def encode_rows(tokenizer, rows: list[dict[str, Any]], system_prompt: str | None = None, source: str = "dataset",
+                template_kwargs: dict[str, Any] | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids + EOS) of every row: prompts rendered as in GRPO (chat template for
     message lists), completions tokenized without special tokens."""
     pairs = [split_row(r, f"{source} row {i + 1}") for i, r in enumerate(rows)]
     chat = any(isinstance(p, list) for p, _ in pairs)
-    prompt_ids = encode_prompts(tokenizer, [p for p, _ in pairs], system_prompt, chat)
+    prompt_ids = encode_prompts(tokenizer, [p for p, _ in pairs], system_prompt, chat, None, template_kwargs)
     completion_ids = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
     return [(p, c + [tokenizer.eos_token_id]) for p, c in zip(prompt_ids, completion_ids)]
 
@@ -89,7 +89,8 @@ def next_batch(n: int, seed: int, position: int, size: int) -> list[int]:
 def run_finetune(cfg: Config, model, tokenizer, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """SFT for train.max_steps steps; returns {"steps", "first_loss", "final_loss", "checkpoint"}."""
     tc = cfg.train
-    pairs = encode_rows(tokenizer, rows, cfg.data.system_prompt, cfg.data.dataset or "dataset")
+    pairs = encode_rows(tokenizer, rows, cfg.data.system_prompt, cfg.data.dataset or "dataset",
+                        dict(cfg.data.chat_template_kwargs))
     size = tc.micro_batch_size or DEFAULT_BATCH
     out = Path(tc.output_dir)
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps)

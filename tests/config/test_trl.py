@@ -90,6 +90,10 @@ CASES = [
       "num_generations": 4},
      {"train.micro_batch_size": 4, "train.prompts_per_step": 8, "algorithm.mini_batches": 4,
       "rollout.num_generations": 4}),
+    ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "generation_batch_size": 32,
+      "num_generations": 4, "max_steps": 40},
+     {"train.micro_batch_size": 4, "train.prompts_per_step": 8, "algorithm.mini_batches": 4,
+      "rollout.num_generations": 4, "train.max_steps": 10}),
     # TRL's max_steps / save_steps count optimizer updates: 2 per generation batch with num_iterations 2
     ({"max_steps": 100, "save_steps": 20, "num_iterations": 2},
      {"train.max_steps": 50, "train.save_steps": 10, "algorithm.num_iterations": 2}),
@@ -106,6 +110,7 @@ CASES = [
     ({"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"]},
      {"lora.enabled": True, "lora.r": 8, "lora.alpha": 16, "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"]}),
     ({"lora_target_modules": None}, {"lora.target_modules": ["all-linear"]}),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, {"data.chat_template_kwargs": {"enable_thinking": False}}),
     ({"dataset_name": "data/prompts.jsonl", "dataset_train_split": "train"},
      {"data.dataset": "data/prompts.jsonl", "data.split": "train"}),
     ({"reward_funcs": ["accuracy", "my_rewards.reward_len"]}, {"reward.functions": ["accuracy", "my_rewards.reward_len"]}),

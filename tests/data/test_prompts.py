@@ -286,3 +286,16 @@ def test_tools_are_rendered_through_the_chat_template(tmp_path):
     assert ids_text(tok, ps.rows[0]) == "tools: calc(expression)user: 1+2=\nassistant:"   # trim_blocks eats the \\n
     plain = load_prompts(DataConfig(dataset=str(write(tmp_path, "jsonl", CHAT[:1], name="b"))), tokenizer=tok)
     assert ids_text(tok, plain.rows[0]) == "user: 1+2=\nassistant:"
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path):
+    """data.chat_template_kwargs (TRL's chat_template_kwargs, e.g. Qwen3's enable_thinking) go to every render."""
+    tok = build_tokenizer()
+    tok.chat_template = TEMPLATE.replace("assistant:", "assistant:{% if enable_thinking is defined and not "
+                                                       "enable_thinking %}<think></think>{% endif %}")
+    path = write(tmp_path, "jsonl", CHAT)
+    plain = load_prompts(DataConfig(dataset=str(path)), tokenizer=tok)
+    off = load_prompts(DataConfig(dataset=str(path), chat_template_kwargs={"enable_thinking": False}), tokenizer=tok)
+    assert ids_text(tok, plain.rows[0]) == "user: 1+2=\nassistant:"
+    assert ids_text(tok, off.rows[0]) == "user: 1+2=\nassistant:<think></think>"
+    assert render_prompt(tok, "1+2=", "be brief", template_kwargs={"enable_thinking": False}).endswith("<think></think>")
