@@ -74,7 +74,8 @@ def validate(cfg: Config) -> None:
         (cfg.algorithm.advantage_eps >= 0, "algorithm.advantage_eps must be >= 0"),
         (cfg.algorithm.num_iterations >= 1, "algorithm.num_iterations must be >= 1"),
         (cfg.algorithm.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
-        (cfg.train.prompts_per_step % (cfg.algorithm.mini_batches * max(1, int(os.environ.get("WORLD_SIZE", "1")))) == 0,
+        (cfg.algorithm.mini_batches == 1      # (the world size alone: grpo/training/distributed.py says so)
+         or cfg.train.prompts_per_step % (cfg.algorithm.mini_batches * int(os.environ.get("WORLD_SIZE", "1"))) == 0,
          f"train.prompts_per_step ({cfg.train.prompts_per_step}) must split into algorithm.mini_batches "
          f"({cfg.algorithm.mini_batches}) equal parts on each of the {os.environ.get('WORLD_SIZE', '1')} processes"),
         (cfg.algorithm.loss_norm_length >= 0, "algorithm.loss_norm_length must be >= 0"),
