@@ -50,13 +50,22 @@ class Trainer:
             ``on_train_end(result)`` (see grpo/training/callbacks.py); ``on_step_end`` returning True stops the run.
         peft_config: a peft ``LoraConfig`` (TRL's argument): LoRA with its r, lora_alpha, lora_dropout and
             target_modules (None: peft's default for the model type); other fields set are errors.
+        tools: functions the model may call (TRL's argument): episodes of a ``ToolEnv`` of them (docs/agents.md);
+            their signatures and docstrings go to the chat template as tool schemas.
     """
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, config: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, tokenizer: Any = None, callbacks: list | None = None, *,
-                 args: Any = None, processing_class: Any = None, env: Any = None, peft_config: Any = None):
+                 args: Any = None, processing_class: Any = None, env: Any = None, peft_config: Any = None,
+                 tools: list | None = None):
         if args is not None and config is not None:
             raise TypeError("give config= or its alias args=, not both")
+        if tools is not None:                                # TRL's tools=: functions the model may call
+            if env is not None:
+                raise TypeError("give env= or tools= (a tool-calling environment of those functions), not both")
+            from grpo.envs.environment import ToolEnv
+
+            env = ToolEnv(tools=list(tools))
         if processing_class is not None and tokenizer is not None:
             raise TypeError("give tokenizer= or its alias processing_class=, not both")
         config, tokenizer = config if args is None else args, tokenizer if processing_class is None else processing_class

@@ -119,6 +119,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "dataset_name": ("data.dataset", _same),
     "dataset_train_split": ("data.split", _same),
     "chat_template_kwargs": ("data.chat_template_kwargs", lambda v: v or {}),
+    "max_tool_calling_iterations": ("rollout.max_turns", _same),
 }
 
 #: TRL's batch keys: completions per device per forward/backward, and the accumulation steps of one

@@ -111,6 +111,7 @@ CASES = [
      {"lora.enabled": True, "lora.r": 8, "lora.alpha": 16, "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"]}),
     ({"lora_target_modules": None}, {"lora.target_modules": ["all-linear"]}),
     ({"chat_template_kwargs": {"enable_thinking": False}}, {"data.chat_template_kwargs": {"enable_thinking": False}}),
+    ({"max_tool_calling_iterations": 6}, {"rollout.max_turns": 6}),
     ({"dataset_name": "data/prompts.jsonl", "dataset_train_split": "train"},
      {"data.dataset": "data/prompts.jsonl", "data.split": "train"}),
     ({"reward_funcs": ["accuracy", "my_rewards.reward_len"]}, {"reward.functions": ["accuracy", "my_rewards.reward_len"]}),

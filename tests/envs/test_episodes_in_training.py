@@ -128,3 +128,24 @@ def test_turn_rewards_reach_rewards_and_the_process_advantages(tool_model, tmp_p
     calls = [r["tools/calls_per_episode"] for r in records]
     assert result.steps == 2 and sum(calls) > 0
     assert [r["reward/turn_sum/mean"] for r in records] == pytest.approx(calls)   # one 1.0 per answered call
+
+
+def test_tools_argument_is_a_tool_env_of_those_functions(tool_model, tmp_path):
+    """TRL's tools=[fn, ...]: the same episodes as env=ToolEnv([fn, ...]); env= and tools= together is an error."""
+    from grpo.envs.tools import BUILTIN_TOOLS
+
+    rows = [{"prompt": "12*3+1=", "answer": "37"}]
+    flat = {"train.output_dir": str(tmp_path / "t"), "rollout.tool_parser": "call"}
+    trainer = Trainer(str(tool_model), reward_funcs=["exact_match"], train_dataset=rows, config=flat,
+                      tools=[BUILTIN_TOOLS["calc"]])
+    env = trainer.env.make()
+    assert isinstance(env, ToolEnv) and [t.__name__ for t in env.tools] == ["calc"]
+    assert [t.__name__ for t in trainer.env.tools] == ["calc"]             # their schemas reach the template
+    rec = Trainer(str(tool_model), reward_funcs=["exact_match"], train_dataset=rows, tools=[BUILTIN_TOOLS["calc"]],
+                  config={**flat, "train.max_steps": 1, "rollout.num_generations": 4, "rollout.max_new_tokens": 40,
+                          "train.prompts_per_step": 1, "log.progress_bar": False, "train.save_final": False}
+                  ).train().metrics
+    assert {"tools/calls_per_episode", "env/turns_mean"} <= set(rec) and rec["env/turns_mean"] >= 1.0
+    with pytest.raises(TypeError, match="give env= or tools="):
+        Trainer(str(tool_model), reward_funcs=["exact_match"], train_dataset=rows, config=flat, env="calculator",
+                tools=[BUILTIN_TOOLS["calc"]])
