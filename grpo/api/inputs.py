@@ -134,23 +134,28 @@ def reward_name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _one_reward(item: Any, index: int) -> tuple[str, Any, float | None]:
-    """(name, function, weight or None) of one reward_funcs entry."""
+def _one_reward(item: Any, index: int, tokenizer: Any = None) -> tuple[str, Any, float | None]:
+    """(name, function, weight or None) of one reward_funcs entry; `tokenizer`: a reward model's (TRL's
+    reward_processing_classes entry)."""
     from grpo.rewards import load_reward
+    from grpo.rewards.reward_model import is_reward_model, wrap_reward_model
 
     weight = None
     if isinstance(item, tuple):
         if len(item) == 3 and isinstance(item[0], str):
             name, fn, weight = item
-            return name, _one_reward(fn, index)[1], float(weight)
+            return name, _one_reward(fn, index, tokenizer)[1], float(weight)
         if len(item) == 2 and isinstance(item[0], str) and callable(item[1]):
             return item[0], item[1], None
         if len(item) == 2 and isinstance(item[1], (int, float)) and not isinstance(item[1], bool):
-            name, fn, _ = _one_reward(item[0], index)
+            name, fn, _ = _one_reward(item[0], index, tokenizer)
             return name, fn, float(item[1])
         raise TypeError(f"reward_funcs[{index}]: a tuple must be (fn, weight), (name, fn) or (name, fn, weight)")
     if isinstance(item, (str, Path)):
         name, fn = load_reward(str(item))
+        return name, fn, None
+    if is_reward_model(item):                          # a loaded sequence classifier, as TRL takes it
+        name, fn = wrap_reward_model(item, tokenizer)
         return name, fn, None
     if callable(item):
         return reward_name(item), item, None
@@ -158,8 +163,11 @@ def _one_reward(item: Any, index: int) -> tuple[str, Any, float | None]:
                     f"got {type(item).__name__}")
 
 
-def resolve_rewards(reward_funcs: Any, cfg: Config) -> tuple[list[tuple[str, Any]], list[float] | None]:
-    """The (name, fn) pairs and weights of `reward_funcs` (None: `reward.functions` of the config)."""
+def resolve_rewards(reward_funcs: Any, cfg: Config, processing_classes: Any = None
+                    ) -> tuple[list[tuple[str, Any]], list[float] | None]:
+    """The (name, fn) pairs and weights of `reward_funcs` (None: `reward.functions` of the config);
+    `processing_classes` (TRL's reward_processing_classes): the reward models' tokenizers, one per entry
+    (or one for a single entry), None where not needed."""
     from grpo.rewards import load_reward
 
     if reward_funcs is None:
@@ -169,7 +177,11 @@ def resolve_rewards(reward_funcs: Any, cfg: Config) -> tuple[list[tuple[str, Any
         and isinstance(reward_funcs[-1], (int, float))) else [reward_funcs]
     if not items:
         raise ConfigError("reward_funcs is empty: give at least one reward function")
-    resolved = [_one_reward(item, i) for i, item in enumerate(items)]
+    tokenizers = (list(processing_classes) if isinstance(processing_classes, (list, tuple))
+                  else [processing_classes] * len(items))
+    if len(tokenizers) != len(items):
+        raise ConfigError(f"reward_processing_classes has {len(tokenizers)} entries for {len(items)} reward_funcs")
+    resolved = [_one_reward(item, i, tok) for i, (item, tok) in enumerate(zip(items, tokenizers))]
     names = [name for name, _, _ in resolved]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:

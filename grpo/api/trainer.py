@@ -35,7 +35,8 @@ class Trainer:
             ``model.attn_implementation`` and ``model.device`` apply to it.
         reward_funcs: a list of callables (``fn(prompts=, completions=, completion_ids=, **columns)``,
             sync or async), built-in names (``"accuracy"``, ``"cosine_length:max_len=512"``),
-            ``"file.py:function"``, reward-model directories, ``(fn, weight)``, ``(name, fn)`` or
+            ``"file.py:function"``, reward-model directories or loaded ``...ForSequenceClassification`` models,
+            ``(fn, weight)``, ``(name, fn)`` or
             ``(name, fn, weight)`` tuples. Metrics are named after ``__name__`` or the given name.
             None: ``reward.functions`` of the config.
         config: a :class:`grpo.config.Config`, a YAML path, or a dict of sections, ``section.key`` keys
@@ -50,6 +51,8 @@ class Trainer:
             ``on_train_end(result)`` (see grpo/training/callbacks.py); ``on_step_end`` returning True stops the run.
         peft_config: a peft ``LoraConfig`` (TRL's argument): LoRA with its r, lora_alpha, lora_dropout and
             target_modules (None: peft's default for the model type); other fields set are errors.
+        reward_processing_classes: the tokenizers of reward models passed as loaded ``...ForSequenceClassification``
+            objects in reward_funcs (TRL's argument; default: the tokenizer saved beside each model).
         tools: functions the model may call (TRL's argument): episodes of a ``ToolEnv`` of them (docs/agents.md);
             their signatures and docstrings go to the chat template as tool schemas.
     """
@@ -57,7 +60,7 @@ class Trainer:
     def __init__(self, model: Any = None, reward_funcs: Any = None, config: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, tokenizer: Any = None, callbacks: list | None = None, *,
                  args: Any = None, processing_class: Any = None, env: Any = None, peft_config: Any = None,
-                 tools: list | None = None):
+                 tools: list | None = None, reward_processing_classes: Any = None):
         if args is not None and config is not None:
             raise TypeError("give config= or its alias args=, not both")
         if tools is not None:                                # TRL's tools=: functions the model may call
@@ -83,7 +86,7 @@ class Trainer:
 
             given = cfg.data.dataset or ("train_dataset (in memory)" if self.records is not None else None)
             cfg = resolve_config(cfg, {"reward.functions": default_reward_functions(cfg, given)})
-        rewards, weights = resolve_rewards(reward_funcs, cfg)
+        rewards, weights = resolve_rewards(reward_funcs, cfg, reward_processing_classes)
         if reward_funcs is not None:       # config.yaml records the functions by name
             cfg = resolve_config(cfg, {"reward.functions": [n for n, _ in rewards], "reward.weights": weights})
         self.config: Config = cfg

@@ -145,3 +145,28 @@ def load_reward_model(path: str | Path, batch_size: int = RM_BATCH_SIZE, dtype: 
         model.config.pad_token_id = tokenizer.pad_token_id
     return f"rm:{directory.name}", RewardModel(model, tokenizer, batch_size)
 
+
+def is_reward_model(obj) -> bool:
+    """A loaded ``...ForSequenceClassification`` model (what TRL's reward_funcs accept as a reward model)."""
+    return isinstance(obj, torch.nn.Module) and type(obj).__name__.endswith("ForSequenceClassification")
+
+
+def wrap_reward_model(model, tokenizer=None, batch_size: int = RM_BATCH_SIZE) -> tuple[str, Callable]:
+    """``("rm:<name>", RewardModel)`` for a loaded sequence classifier, as TRL takes one in reward_funcs; its
+    tokenizer is `tokenizer` (TRL's reward_processing_classes) or the one saved in the model's directory."""
+    if model.config.num_labels != 1:
+        raise _error(f"reward model {type(model).__name__} has num_labels={model.config.num_labels}; a reward "
+                     "model needs exactly 1")
+    source = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
+    if tokenizer is None:
+        if not source or not Path(source).is_dir():
+            raise _error(f"reward model {type(model).__name__}: no tokenizer given and none saved beside it "
+                         f"({source or 'no directory'}); pass reward_processing_classes=")
+        try:
+            tokenizer = load_tokenizer(Path(source))
+        except (OSError, ValueError) as e:
+            raise _error(f"reward model {source}: {e}") from None
+    if model.config.pad_token_id is None:  # the head finds each row's last token through the pad id
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return f"rm:{Path(source).name if source else type(model).__name__}", RewardModel(model, tokenizer, batch_size)
+

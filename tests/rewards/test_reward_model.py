@@ -153,3 +153,29 @@ def test_scores_ignore_the_policys_autocast(tmp_path):
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
         assert fn(TEXT_PROMPTS, COMPLETIONS) == plain
         assert torch.is_autocast_enabled("cpu")                       # restored for the policy's passes
+
+
+def test_a_loaded_classifier_in_reward_funcs_scores_like_its_directory(tmp_path):
+    """TRL's reward_funcs=[AutoModelForSequenceClassification...]: the object, with its tokenizer from
+    reward_processing_classes or from beside it, scores what the same model loaded from its directory does."""
+    from grpo.api.inputs import resolve_rewards
+    from grpo.config import ConfigError, build_config
+
+    directory = save_rm(tmp_path / "rm")
+    model = AutoModelForSequenceClassification.from_pretrained(directory)
+    expected = [manual_score(directory, p + c) for p, c in zip(TEXT_PROMPTS, COMPLETIONS)]
+    cfg = build_config()
+    for tokenizers in (None, rm_tokenizer(), [rm_tokenizer(), None]):
+        funcs = [model, "format"] if isinstance(tokenizers, list) else model
+        rewards, _ = resolve_rewards(funcs, cfg, tokenizers)
+        assert rewards[0][0] == "rm:rm"
+        assert rewards[0][1](prompts=TEXT_PROMPTS, completions=COMPLETIONS) == pytest.approx(expected, abs=1e-5)
+    in_memory = Qwen2ForSequenceClassification(Qwen2Config(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                                           num_attention_heads=2, num_key_value_heads=1,
+                                                           intermediate_size=32, num_labels=1))
+    with pytest.raises(RewardError, match="no tokenizer given and none saved beside it"):
+        resolve_rewards(in_memory, cfg)
+    with pytest.raises(RewardError, match="num_labels=3; a reward model needs exactly 1"):
+        resolve_rewards(AutoModelForSequenceClassification.from_pretrained(save_rm(tmp_path / "rm3", num_labels=3)), cfg)
+    with pytest.raises(ConfigError, match="reward_processing_classes has 1 entries for 2 reward_funcs"):
+        resolve_rewards([model, "format"], cfg, [rm_tokenizer()])
