@@ -109,7 +109,7 @@ class Trainer:
 
         seed_everything(cfg.train.seed)                      # LoRA initialisation is seeded
         self.model, self.tokenizer = resolve_model(model, tokenizer, cfg, self.runtime)
-        self.callbacks = CallbackList(callbacks)
+        self.callbacks = CallbackList(callbacks, cfg)
         self.result = None
 
     def train(self, resume_from_checkpoint: bool | str | None = None):

@@ -11,6 +11,8 @@ A callback is any object with some of these methods (missing ones are skipped)::
 SIGINT, after that step, with a checkpoint saved (``TrainResult.stopped_by == "callback"``).
 :meth:`grpo.Trainer.stop` does the same from anywhere (another thread, a notebook cell).
 An exception raised by a callback ends the run with that exception (nothing more is saved).
+A Hugging Face ``TrainerCallback`` (as TRL takes them) is called with its own protocol
+(grpo/training/hf_callbacks.py).
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ def check_callback(cb: Any, index: int) -> Any:
 class CallbackList:
     """The run's callbacks, called in order; also holds a stop request made from outside the loop."""
 
-    def __init__(self, callbacks: list | tuple | None = None):
-        self.callbacks = [check_callback(cb, i) for i, cb in enumerate(callbacks or [])]
+    def __init__(self, callbacks: list | tuple | None = None, cfg: Any = None):
+        from grpo.training.hf_callbacks import HFCallback, is_hf_callback   # TRL's TrainerCallback objects
+
+        self.callbacks = [HFCallback(cb, cfg) if is_hf_callback(cb) else check_callback(cb, i)
+                          for i, cb in enumerate(callbacks or [])]
         self.stop_requested = False
 
     def request_stop(self) -> None:
