@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from grpo.training.callbacks import CallbackList
@@ -133,6 +134,27 @@ class Trainer:
 
         model = self.result.model if self.result is not None else self.model
         return save_checkpoint_model(model, self.tokenizer, Path(output_dir or self.config.train.output_dir))
+
+    @property
+    def args(self) -> Config:
+        """TRL's name for the resolved config (``trainer.config``)."""
+        return self.config
+
+    @property
+    def processing_class(self) -> Any:
+        """TRL's name for the tokenizer (``trainer.tokenizer``)."""
+        return self.tokenizer
+
+    @property
+    def state(self) -> SimpleNamespace:
+        """What TRL users read from ``trainer.state``: ``global_step`` (the last step done), ``max_steps`` and
+        ``log_history`` (every step's record of the output directory's metrics file, as plain dicts)."""
+        import json
+
+        path = Path(self.config.train.output_dir) / self.config.log.metrics_file
+        history = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+        return SimpleNamespace(global_step=history[-1]["step"] if history else 0, max_steps=self.config.train.max_steps,
+                               log_history=history)
 
     def stop(self) -> None:
         """Ask a running train() to stop after the current step, with a checkpoint (as on SIGINT)."""

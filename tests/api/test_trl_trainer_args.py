@@ -74,3 +74,12 @@ def test_resume_from_checkpoint_and_save_model(tmp_path):
     model, _ = load_policy(saved)
     for (name, a), b in zip(result.model.state_dict().items(), model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_trl_attribute_names(tmp_path):
+    t = trainer(tmp_path)
+    assert t.state.global_step == 0 and t.state.log_history == [] and t.state.max_steps == 2
+    t.train()
+    assert t.args is t.config and t.processing_class is t.tokenizer
+    history = t.state.log_history
+    assert t.state.global_step == 2 and [r["step"] for r in history] == [1, 2] and "reward/digits/mean" in history[0]
