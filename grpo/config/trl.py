@@ -128,7 +128,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
               "generation_batch_size")
 #: TRL counts optimizer updates; we count generation batches of num_iterations x mini_batches updates each.
-STEP_KEYS = ("max_steps", "save_steps")
+STEP_KEYS = ("max_steps", "save_steps", "eval_steps", "save_strategy", "eval_strategy")
 #: TRL's reference refresh: sync_ref_model turns it on, every ref_model_sync_steps with mixup alpha.
 REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")
 #: TRL defaults used when only some of the combined keys are given.
@@ -152,6 +152,8 @@ NO_EFFECT = {
     "log_level": "grpo prints its own lines",
     **dict.fromkeys(("log_completions", "num_completions_to_print"),
                     "sample completions: log.samples_per_step and report.html"),
+    "do_eval": "evaluation follows eval_strategy / eval_steps (train.eval_steps)",
+    "per_device_eval_batch_size": "evaluation batches are sized by the run",
     **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size"),
                     "grpo's own sampler generates the rollouts"),
 }
@@ -203,15 +205,23 @@ def _steps_per_generation(trl: dict[str, Any], world_size: int) -> int:
 
 
 def _steps(trl: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """max_steps / save_steps count TRL's optimizer updates; ours count generation batches, each of
-    num_iterations x (steps_per_generation / gradient_accumulation_steps) updates, as TRL generates anew."""
+    """max_steps / save_steps / eval_steps count TRL's optimizer updates; ours count generation batches, each of
+    num_iterations x (steps_per_generation / gradient_accumulation_steps) updates, as TRL generates anew.
+    save_strategy / eval_strategy no -> 0; eval_steps counts only under eval_strategy steps (TRL's default: no)."""
     if not any(k in trl for k in STEP_KEYS):
         return {}
     accumulation = trl.get("gradient_accumulation_steps", TRL_DEFAULTS["gradient_accumulation_steps"])
     per_generation = (trl.get("num_iterations") or 1) * (_steps_per_generation(trl, world_size) // accumulation)
     out = {}
-    for key in STEP_KEYS:
-        if key in trl:
+    for key, strategy in (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy")):
+        if trl.get(strategy) not in (None, "steps", "no"):
+            raise ConfigError(f"TRL key {strategy}: '{trl[strategy]}' has no equivalent here (steps or no)")
+        if trl.get(strategy) == "no" or (key == "eval_steps" and "eval_steps" in trl and trl.get(strategy) != "steps"):
+            out[f"train.{key}"] = 0                     # TRL evaluates only under eval_strategy: steps
+        elif key == "eval_steps" and trl.get(strategy) == "steps" and not trl.get("eval_steps"):
+            raise ConfigError("TRL key eval_strategy: steps needs eval_steps here (TRL would use logging_steps)")
+    for key in ("max_steps", "save_steps", "eval_steps"):
+        if key in trl and f"train.{key}" not in out and trl[key] is not None:
             value = int(trl[key])
             if value % per_generation:
                 raise ConfigError(f"TRL key {key}={value} counts optimizer updates, {per_generation} per generation "

@@ -95,6 +95,8 @@ CASES = [
      {"train.micro_batch_size": 4, "train.prompts_per_step": 8, "algorithm.mini_batches": 4,
       "rollout.num_generations": 4, "train.max_steps": 10}),
     # TRL's max_steps / save_steps count optimizer updates: 2 per generation batch with num_iterations 2
+    ({"save_strategy": "no", "eval_strategy": "steps", "eval_steps": 10}, {"train.save_steps": 0, "train.eval_steps": 10}),
+    ({"save_strategy": "steps", "eval_steps": 10}, {"train.eval_steps": 0}),        # TRL: eval_strategy no by default
     ({"max_steps": 100, "save_steps": 20, "num_iterations": 2},
      {"train.max_steps": 50, "train.save_steps": 10, "algorithm.num_iterations": 2}),
     ({"sync_ref_model": True, "ref_model_sync_steps": 64, "ref_model_mixup_alpha": 0.9},
@@ -173,6 +175,8 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
     ({"per_device_train_batch_size": 6, "num_generations": 4}, "not divisible by num_generations=4"),
     ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true"),
     ({"max_steps": 5, "num_iterations": 2}, "TRL key max_steps=5 counts optimizer updates, 2 per generation batch"),
+    ({"save_strategy": "epoch"}, "TRL key save_strategy: 'epoch' has no equivalent here"),
+    ({"eval_strategy": "steps"}, "eval_strategy: steps needs eval_steps here"),
     ({"steps_per_generation": 3, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 8},
      "steps_per_generation=3 is not a multiple of gradient_accumulation_steps=2"),
 ])
