@@ -127,3 +127,25 @@ def test_eval_with_samples_gives_pass_and_maj_at_k(micro_dir, tmp_path, capsys):
     assert "--samples > 1 needs --temperature > 0" in capsys.readouterr().err
     assert main(["eval", "--model", str(micro_dir), "--samples", "2", "--k", "3", "--temperature", "1"]) == 2
     assert "--k: every k must be in 1..--samples (2)" in capsys.readouterr().err
+
+
+def test_a_trl_grpo_recipe_trains_through_grpo_train(micro_dir, tmp_path, capsys, monkeypatch):
+    """A `trl grpo --config` file, unchanged but for local paths, trains: model, dataset and reward by TRL's
+    names (the reward an import path from the working directory), batch keys, logging and vLLM keys."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_rewards.py").write_text("def digits(completions, **kwargs):\n"
+                                            "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+{b}="}) + "\n"
+                                                    for a in range(5) for b in range(5)))
+    (tmp_path / "recipe.yaml").write_text(
+        f"model_name_or_path: {micro_dir}\ndataset_name: prompts.jsonl\nreward_funcs: [my_rewards.digits]\n"
+        "learning_rate: 1.0e-2\nbeta: 0.0\nloss_type: dapo\nnum_generations: 4\nper_device_train_batch_size: 4\n"
+        "gradient_accumulation_steps: 2\nmax_completion_length: 6\nmax_steps: 2\nlogging_steps: 1\n"
+        "use_vllm: false\nreport_to: none\nbf16: false\nsave_strategy: 'no'\noutput_dir: run\n")
+    assert main(["train", "--config", "recipe.yaml", "--log.progress_bar", "false", "--train.num_threads", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "grpo: TRL keys mapped:" in err and "use_vllm ignored" in err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and "reward/digits/mean" in records[0]
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "prompts_per_step: 2" in config and "loss_agg_mode: token-mean" in config and "my_rewards.digits" in config
