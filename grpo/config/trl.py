@@ -88,6 +88,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "use_bias_correction_kl": ("algorithm.kl_ratio_correction", _same),
     "off_policy_mask_threshold": ("algorithm.off_policy_mask_threshold", _same),
     "vllm_importance_sampling_mode": ("algorithm.rollout_correction", _same),
+    "vllm_importance_sampling_cap": ("algorithm.rollout_correction_max", _same),     # TRL's deprecated name
     "vllm_importance_sampling_clip_min": ("algorithm.rollout_correction_min", _same),
     "vllm_importance_sampling_clip_max": ("algorithm.rollout_correction_max", _same),
     "reward_weights": ("reward.weights", _same),
@@ -159,7 +160,8 @@ NO_EFFECT = {
 }
 
 ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(STEP_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
-            | set(NO_EFFECT) | {"loss_type", "multi_objective_aggregation"})
+            | set(NO_EFFECT) | {"loss_type", "multi_objective_aggregation", "model_init_kwargs",
+                                "vllm_importance_sampling_correction"})
 
 
 def is_trl_key(key: str) -> bool:
@@ -265,6 +267,27 @@ def _objectives(trl: dict[str, Any]) -> dict[str, Any]:
                                                       if mode == "normalize_then_sum" else {})}
 
 
+#: model_init_kwargs entries -> our model keys (the rest have no equivalent: errors naming them).
+MODEL_INIT_KEYS = {"dtype": "model.dtype", "torch_dtype": "model.dtype", "attn_implementation": "model.attn_implementation",
+                   "trust_remote_code": "model.trust_remote_code"}
+
+
+def _model_init(trl: dict[str, Any]) -> dict[str, Any]:
+    """model_init_kwargs (TRL: from_pretrained's arguments when the model is given by name) -> model.* keys;
+    vllm_importance_sampling_correction false -> no rollout correction (true: the mode's own setting)."""
+    out = {}
+    if trl.get("vllm_importance_sampling_correction") is False:
+        out["algorithm.rollout_correction"] = "none"
+    kwargs = trl.get("model_init_kwargs") or {}
+    unknown = [k for k in kwargs if k not in MODEL_INIT_KEYS]
+    if unknown:
+        raise ConfigError(f"TRL key model_init_kwargs: {', '.join(unknown)} has no equivalent here (known: "
+                          f"{', '.join(MODEL_INIT_KEYS)})")
+    for key, value in kwargs.items():
+        out[MODEL_INIT_KEYS[key]] = _dtype(value) if MODEL_INIT_KEYS[key] == "model.dtype" else value
+    return out
+
+
 def _rewards(trl: dict[str, Any]) -> dict[str, Any]:
     """reward_model_name_or_path (a directory) and reward_funcs -> reward.functions, the model first as in TRL.
     A name goes through grpo.rewards.load_reward: our built-ins, `package.module.function`, file.py:function."""
@@ -308,7 +331,8 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
     for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (STEP_KEYS, _steps(trl, world_size)), (REF_SYNC_KEYS, _ref_sync(trl)),
                            (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)),
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
-                            _loss(trl)), (("multi_objective_aggregation",), _objectives(trl))):
+                            _loss(trl)), (("multi_objective_aggregation",), _objectives(trl)),
+                           (("model_init_kwargs", "vllm_importance_sampling_correction"), _model_init(trl))):
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")
