@@ -155,13 +155,21 @@ NO_EFFECT = {
                     "sample completions: log.samples_per_step and report.html"),
     "do_eval": "evaluation follows eval_strategy / eval_steps (train.eval_steps)",
     "per_device_eval_batch_size": "evaluation batches are sized by the run",
-    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size"),
+    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
+                     "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url", "vllm_server_host",
+                     "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_max_model_length",
+                     "cache_implementation", "use_transformers_paged", "use_transformers_continuous_batching",
+                     "transformers_continuous_batching_config"),
                     "grpo's own sampler generates the rollouts"),
+    "ds3_gather_for_generation": "no DeepSpeed here (torchrun DDP / FSDP2)",
+    "pad_to_multiple_of": "padding changes no value here",
+    **dict.fromkeys(("log_multimodal", "log_unique_prompts", "log_completions_hub_repo"),
+                    "sample completions: log.samples_per_step and report.html"),
 }
 
 ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(STEP_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
             | set(NO_EFFECT) | {"loss_type", "multi_objective_aggregation", "model_init_kwargs",
-                                "vllm_importance_sampling_correction"})
+                                "vllm_importance_sampling_correction", "generation_kwargs"})
 
 
 def is_trl_key(key: str) -> bool:
@@ -272,6 +280,22 @@ MODEL_INIT_KEYS = {"dtype": "model.dtype", "torch_dtype": "model.dtype", "attn_i
                    "trust_remote_code": "model.trust_remote_code"}
 
 
+#: generation_kwargs entries -> our rollout keys.
+GENERATION_KEYS = {"temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k",
+                   "min_p": "rollout.min_p", "repetition_penalty": "rollout.repetition_penalty",
+                   "max_new_tokens": "rollout.max_new_tokens", "max_tokens": "rollout.max_new_tokens"}
+
+
+def _generation(trl: dict[str, Any]) -> dict[str, Any]:
+    """generation_kwargs (TRL: extra sampling arguments, overriding its own) -> rollout.* keys."""
+    kwargs = trl.get("generation_kwargs") or {}
+    unknown = [k for k in kwargs if k not in GENERATION_KEYS]
+    if unknown:
+        raise ConfigError(f"TRL key generation_kwargs: {', '.join(unknown)} has no equivalent here (known: "
+                          f"{', '.join(GENERATION_KEYS)})")
+    return {GENERATION_KEYS[k]: (0 if v is None and k in ("top_k", "min_p") else v) for k, v in kwargs.items()}
+
+
 def _model_init(trl: dict[str, Any]) -> dict[str, Any]:
     """model_init_kwargs (TRL: from_pretrained's arguments when the model is given by name) -> model.* keys;
     vllm_importance_sampling_correction false -> no rollout correction (true: the mode's own setting)."""
@@ -332,7 +356,8 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
                            (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)),
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
                             _loss(trl)), (("multi_objective_aggregation",), _objectives(trl)),
-                           (("model_init_kwargs", "vllm_importance_sampling_correction"), _model_init(trl))):
+                           (("model_init_kwargs", "vllm_importance_sampling_correction"), _model_init(trl)),
+                           (("generation_kwargs",), _generation(trl))):
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")
