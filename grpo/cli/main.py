@@ -35,6 +35,7 @@ Examples:
   grpo train --config my.yaml --max-steps 50 --algorithm.beta 0.0 --rollout.num_generations 16
   grpo train --model ./my-model --dataset prompts.jsonl --reward my_rewards.py:correct
   grpo train --algorithm dapo --rollout.num_generations 16   # a preset; `grpo presets` lists them
+  grpo train --config trl_recipe.yaml --learning_rate 1e-6   # a `trl grpo` recipe and TRL flag names
   grpo train --config my.yaml --resume         # continue from the newest valid checkpoint in output_dir
 Ctrl-C / SIGTERM: the current step finishes, a checkpoint is saved, exit 130 / 143 (again: abort at once).
 List every key with its default and meaning: grpo train --help-config
