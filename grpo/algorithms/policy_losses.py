@@ -23,6 +23,7 @@ of the min; cispo: r > cap with A > 0, as TRL counts it; sapo and vespo: none).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -51,6 +52,12 @@ class PolicyLossParams:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
+
+    @classmethod
+    def of(cls, settings) -> "PolicyLossParams":
+        """The constants `settings` (e.g. the algorithm config) has under these names; the others keep their
+        defaults (grpo_loss sets eps_low / eps_high / clip_ratio_c from its own arguments)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls) if hasattr(settings, f.name)})
 
 
 def _per_token(advantages: torch.Tensor) -> torch.Tensor:

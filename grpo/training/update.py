@@ -179,10 +179,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     norm_length = norm_length or algo.loss_norm_length or batch.completion_length
     normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
     entropy_coef = algo.entropy_coef if entropy_coef is None else entropy_coef   # adaptive: the controller's
-    policy_params = PolicyLossParams(clip_delta=algo.clip_delta, cispo_max=algo.cispo_max,
-                                     sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg,
-                                     vespo_k_pos=algo.vespo_k_pos, vespo_lambda_pos=algo.vespo_lambda_pos,
-                                     vespo_k_neg=algo.vespo_k_neg, vespo_lambda_neg=algo.vespo_lambda_neg)
+    policy_params = PolicyLossParams.of(algo)           # the algorithm keys of the same names
     optimizer.zero_grad(set_to_none=True)
     prefs = preference.step_inputs(batch.completion_mask) if preference is not None else None   # h [N, G], pos [N]
     loss = policy = kl_loss = kl_sum = clipped = high = dual = tokens = ent_sum = ent_loss = gap_sum = gap_tokens = 0.0

@@ -111,3 +111,13 @@ def test_on_policy_every_policy_loss_has_grpos_gradient(name):
         grads.append(x.grad)
     assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-12)
     assert torch.allclose(grads[0], -adv[:, None] * mask / mask.sum())
+
+
+def test_params_take_the_algorithm_keys_of_the_same_names():
+    from grpo.config import build_config
+
+    algo = build_config(overrides={"algorithm.cispo_max": 2.5, "algorithm.sapo_tau_neg": 1.3,
+                                   "algorithm.clip_delta": 4.0, "algorithm.vespo_k_pos": 1.5}).algorithm
+    p = PolicyLossParams.of(algo)
+    assert (p.cispo_max, p.sapo_tau_neg, p.clip_delta, p.vespo_k_pos) == (2.5, 1.3, 4.0, 1.5)
+    assert (p.sapo_tau_pos, p.vespo_lambda_neg, p.eps_low) == (1.0, 2.0, 0.2)      # untouched: defaults
