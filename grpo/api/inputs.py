@@ -263,16 +263,17 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[tor
     """The policy (dtype, LoRA, attention kernel and `train.lean_layers` applied; placed by `runtime`) and its tokenizer."""
     from grpo.modeling.lean_layers import use_lean_layers
     from grpo.modeling.lora import apply_lora, is_lora
-    from grpo.modeling.models import EMBEDDED_MODEL_DIR, align_special_tokens, disable_dropout, load_policy
+    from grpo.modeling.models import (EMBEDDED_MODEL_DIR, align_special_tokens, disable_dropout, load_policy,
+                                      resolve_dtype)
     from grpo.training.runtime import attn_implementation, set_attn_implementation
 
     mc = cfg.model
     if model is None or isinstance(model, (str, Path)):
         path = str(model) if model is not None else (mc.path or str(EMBEDDED_MODEL_DIR))
+        kernel = attn_implementation(mc.attn_implementation, runtime.device, resolve_dtype(mc.dtype))
         try:
             model, loaded_tok = load_policy(path, dtype=mc.dtype, trust_remote_code=mc.trust_remote_code,
-                                            attn_implementation=attn_implementation(mc.attn_implementation,
-                                                                                    runtime.device))
+                                            attn_implementation=kernel)
         except (ValueError, OSError):
             raise
         except Exception as e:  # e.g. safetensors' error for a torn weights file: one line naming the directory

@@ -106,6 +106,9 @@ class Trainer:
                                 cfg.rollout.max_observation_chars)
         self.runtime = build_runtime(cfg)
         self.runtime.prepare_process()                       # CPU: threads, allocator; CUDA: set_device
+        from grpo.rewards.reward_model import place_reward_models
+
+        place_reward_models(self.rewards + self.step_rewards, self.runtime.device)
         from grpo.training.loop import seed_everything
 
         seed_everything(cfg.train.seed)                      # LoRA initialisation is seeded

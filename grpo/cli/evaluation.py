@@ -34,6 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=48)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default).")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (cuda when available, else cpu) | cpu | cuda | "
+                   "cuda:N: where the model and any reward models run (as model.device).")
     p.set_defaults(func=cmd_eval)
 
 
@@ -55,6 +57,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.rewards import load_reward
     from grpo.rewards import load_file_reward
     from grpo.state.model_files import load_checkpoint
+    from grpo.training.runtime import on_device
     from grpo.training.evaluate import evaluate, evaluate_samples
 
     if args.samples < 1:
@@ -72,6 +75,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
                                   "train.seed": args.seed})
     rewards = [load_reward(r) for r in (args.reward or default_reward_functions(cfg, args.dataset))]
     model, tokenizer = load_checkpoint(args.model or str(EMBEDDED_MODEL_DIR))  # full model or LoRA adapter
+    model = on_device(model, rewards, args.device)
     if args.dataset:
         rows = load_prompts(cfg.data, args.seed, tokenizer).rows
         rows = rows[:args.problems] if args.problems > 0 else rows

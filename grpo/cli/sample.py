@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--batch-size", dest="batch_size", type=int, default=16, help="Prompts per batch (and per write).")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (cuda when available, else cpu) | cpu | cuda | "
+                   "cuda:N: where the model and any reward models run (as model.device).")
     p.set_defaults(func=cmd_sample)
 
 
@@ -45,6 +47,7 @@ def cmd_sample(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.modeling.models import EMBEDDED_MODEL_DIR
     from grpo.rewards import load_reward
     from grpo.state.model_files import load_checkpoint
+    from grpo.training.runtime import on_device
     from grpo.training.rejection import Selection, resume_point, sample_to_file, select
 
     if args.num_samples < 1 or args.temperature <= 0:
@@ -59,6 +62,7 @@ def cmd_sample(args: argparse.Namespace, extra: list[str]) -> int:
                                   "train.seed": args.seed})
     rewards = [load_reward(r) for r in (args.reward or default_reward_functions(cfg, args.dataset))]
     model, tokenizer = load_checkpoint(args.model or str(EMBEDDED_MODEL_DIR))
+    model = on_device(model, rewards, args.device)
     if args.dataset:
         rows = load_prompts(cfg.data, args.seed, tokenizer).rows
     else:

@@ -193,6 +193,9 @@ def validate(cfg: Config) -> None:
         (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),
         (cfg.model.attn_implementation in ("auto", "eager", "sdpa", "flash_attention_2"),
          "model.attn_implementation must be auto | eager | sdpa | flash_attention_2"),
+        (cfg.model.attn_implementation != "flash_attention_2" or cfg.model.dtype in ("bfloat16", "float16"),
+         f"model.attn_implementation=flash_attention_2 needs model.dtype bfloat16 | float16 (flash-attention has "
+         f"no float32 kernel), got '{cfg.model.dtype}'"),
         (cfg.model.device.strip().lower() in ("auto", "cpu", "cuda") or cfg.model.device.strip().lower().startswith("cuda:"),
          "model.device must be auto | cpu | cuda | cuda:N"),
         (cfg.train.resume.strip() != "", "train.resume must be never | auto | a checkpoint directory"),

@@ -32,7 +32,8 @@ class ModelConfig:
                      "available, under torchrun cuda:LOCAL_RANK; else cpu) | cpu | cuda | cuda:N. CPU-only tuning "
                      "(oneDNN linears, allocator threshold, thread count, micro-batch heuristics) applies only on cpu.")
     attn_implementation: str = _f("auto", "Attention kernel: auto (the library's default, sdpa; flash_attention_2 on "
-                                  "CUDA when installed) | eager | sdpa | flash_attention_2.")
+                                  "CUDA when installed and model.dtype is bfloat16 / float16) | eager | sdpa | "
+                                  "flash_attention_2 (needs bfloat16 / float16 weights).")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ completion, where a causal classifier reads its score (the last non-pad token), 
 the start of the prompt is dropped.  Batches are right-padded; with a causal model the real tokens
 never see the padding, and the classifier head picks each row's last non-pad token, so a batched
 score equals the one-at-a-time score.  Scoring runs in eval mode under ``torch.no_grad()``, in the reward
-model's own dtype (``reward.model_dtype``): the policy's ``train.precision`` autocast is paused around it.
+model's own dtype (float32 for a directory; a loaded model keeps its own): the policy's ``train.precision``
+autocast is paused around it.  The trainer and ``grpo eval`` / ``grpo sample`` move reward models to the
+policy's device (:func:`place_reward_models`), as TRL places them with its accelerator.
 """
 
 from __future__ import annotations
@@ -144,6 +146,18 @@ def load_reward_model(path: str | Path, batch_size: int = RM_BATCH_SIZE, dtype: 
     if model.config.pad_token_id is None:  # the head finds each row's last token through the pad id
         model.config.pad_token_id = tokenizer.pad_token_id
     return f"rm:{directory.name}", RewardModel(model, tokenizer, batch_size)
+
+
+def place_reward_models(rewards: list[tuple[str, Callable]], device: torch.device) -> int:
+    """Move the classifier of every :class:`RewardModel` in (name, fn) pairs `rewards` to `device`, in place.
+    Returns how many moved."""
+    moved = 0
+    for _, fn in rewards:
+        param = next(fn.model.parameters(), None) if isinstance(fn, RewardModel) else None
+        if param is not None and param.device != device:
+            fn.model.to(device)
+            moved += 1
+    return moved
 
 
 def is_reward_model(obj) -> bool:

@@ -146,6 +146,12 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def cuda_rng_state() -> torch.Tensor | None:
+    """The current CUDA device's generator state, or None where CUDA was never initialised (a CPU run does not
+    initialise it to save this; each process restores its own device's state, whatever the GPU count)."""
+    return torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
 def rng_state(sample_generator: torch.Generator | None = None, stream_state: Any = None) -> dict[str, Any]:
     """Every random state a resumed run needs, as tensors and plain values (loads with weights_only)."""
     version, internal, gauss = random.getstate()
@@ -153,7 +159,7 @@ def rng_state(sample_generator: torch.Generator | None = None, stream_state: Any
     return {"python": [version, list(internal), gauss],
             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "cuda": cuda_rng_state(),
             "sampler": None if sample_generator is None else sample_generator.get_state(),
             "stream": stream_state}
 
@@ -165,8 +171,12 @@ def restore_rng(state: dict[str, Any], sample_generator: torch.Generator | None 
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):            # checkpoints before 2026-11-27: one state per visible GPU
+        cuda = cuda[torch.cuda.current_device()] if cuda and torch.cuda.is_available() and \
+            torch.cuda.current_device() < len(cuda) else None
+    if isinstance(cuda, torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
     if sample_generator is not None and state.get("sampler") is not None:
         sample_generator.set_state(state["sampler"])
 

@@ -87,8 +87,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     except (ValueError, KeyError, TypeError):
         raise CheckpointError(f"{path.name}: trainer_state.json is unreadable") from None
     try:
-        optim = torch.load(path / "optimizer.pt", weights_only=True)
-        rng = torch.load(path / "rng_state.pt", weights_only=True)
+        optim = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+        rng = torch.load(path / "rng_state.pt", weights_only=True, map_location="cpu")
     except Exception as e:  # a torn or foreign pickle: name the checkpoint, keep the first line
         raise CheckpointError(f"{path.name}: cannot read its state ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None

@@ -75,7 +75,7 @@ class PromptCritic:
                    Path(directory) / self.FILE)
 
     def load(self, directory: Path) -> None:
-        state = torch.load(Path(directory) / self.FILE, weights_only=True)
+        state = torch.load(Path(directory) / self.FILE, weights_only=True, map_location="cpu")
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
 

@@ -100,7 +100,7 @@ def run_finetune(cfg: Config, model, tokenizer, rows: list[dict[str, Any]]) -> d
         ckpt = done[-1] if tc.resume == "auto" else Path(tc.resume)
         verify_checkpoint(ckpt)
         load_policy_weights(model, ckpt)
-        saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        saved = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         start = int(ckpt.name.split("-")[1])

@@ -40,7 +40,8 @@ class LearnableLoss:
 
     def load(self, directory: Path) -> None:
         """In place: the optimizer keeps referring to the same parameters."""
-        self.module.load_state_dict(torch.load(Path(directory) / f"{self.name}.pt", weights_only=True))
+        saved = torch.load(Path(directory) / f"{self.name}.pt", weights_only=True, map_location="cpu")
+        self.module.load_state_dict(saved)
 
 
 def build_learnable_losses(cfg: Config, model: torch.nn.Module) -> list[LearnableLoss]:

@@ -325,23 +325,34 @@ def build_runtime(cfg: Config, model: torch.nn.Module | None = None) -> CpuRunti
     return RUNTIMES[device.type](device, cfg)
 
 
-def attn_implementation(spec: str, device: torch.device) -> str | None:
+#: the weight dtypes flash-attention computes in (it refuses float32 inputs)
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def attn_implementation(spec: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str | None:
     """The attention kernel to load a model with: None = the library's choice (sdpa) for `auto` off CUDA;
-    flash_attention_2 for `auto` on CUDA when the package is installed; otherwise as configured."""
+    for `auto` on CUDA flash_attention_2 when the package is installed and the weights (`dtype`) are bf16 /
+    fp16 (flash-attention has no float32 kernel; outside autocast it would get float32 inputs), else sdpa;
+    otherwise as configured, flash_attention_2 with float32 weights being a ConfigError."""
     if spec not in ATTN_IMPLEMENTATIONS:
         raise ConfigError(f"model.attn_implementation must be one of {' | '.join(ATTN_IMPLEMENTATIONS)}, got '{spec}'")
+    if spec.startswith("flash_attention") and dtype not in FLASH_DTYPES:
+        raise ConfigError(f"model.attn_implementation={spec} needs bfloat16 or float16 weights (model.dtype), "
+                          f"got {str(dtype).removeprefix('torch.')}; use sdpa with float32 weights")
     if spec != "auto":
         return spec
     if device.type == "cuda":
         from transformers.utils import is_flash_attn_2_available
 
-        return "flash_attention_2" if is_flash_attn_2_available() else "sdpa"
+        return "flash_attention_2" if is_flash_attn_2_available() and dtype in FLASH_DTYPES else "sdpa"
     return None
 
 
 def set_attn_implementation(model: torch.nn.Module, spec: str, device: torch.device) -> None:
-    """Switch a loaded model's attention kernel (`model.attn_implementation`); no-op for `auto` off CUDA."""
-    chosen = attn_implementation(spec, device)
+    """Switch a loaded model's attention kernel (`model.attn_implementation`, chosen for the dtype of its
+    weights); no-op for `auto` off CUDA."""
+    param = next(model.parameters(), None)
+    chosen = attn_implementation(spec, device, torch.float32 if param is None else param.dtype)
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     if chosen is None or getattr(getattr(inner, "config", None), "_attn_implementation", None) == chosen:
         return
@@ -352,3 +363,13 @@ def set_attn_implementation(model: torch.nn.Module, spec: str, device: torch.dev
     except (ValueError, ImportError) as e:
         raise ConfigError(f"model.attn_implementation={chosen}: {str(e).strip().splitlines()[0]}") from None
 
+
+
+def on_device(model: torch.nn.Module, rewards: list, spec: str) -> torch.nn.Module:
+    """`model` and the reward models among `rewards` ((name, fn) pairs) moved to the device `spec` names
+    (`model.device`'s values; `grpo eval` / `grpo sample --device`). Returns the model."""
+    from grpo.rewards.reward_model import place_reward_models
+
+    device = resolve_device(spec)
+    place_reward_models(rewards, device)
+    return model.to(device)

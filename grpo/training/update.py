@@ -98,8 +98,9 @@ def policy_weight(algo: AlgorithmConfig, logp: torch.Tensor, old: torch.Tensor, 
     weight = None if preference is None else preference.weights(*pref_rows)          # [n, 1]
     if algo.off_policy_mask_threshold is not None:
         behaviour = old if mb.sampling_logprobs is None else mb.sampling_logprobs
-        weight = off_policy_sequence_mask(mb.advantages, logp, behaviour, mb.completion_mask,
-                                          algo.off_policy_mask_threshold, algo.off_policy_mask_measure)
+        m = off_policy_sequence_mask(mb.advantages, logp, behaviour, mb.completion_mask,
+                                     algo.off_policy_mask_threshold, algo.off_policy_mask_measure)
+        weight = m if weight is None else weight * m
     if algo.rollout_correction != "none" and mb.sampling_logprobs is not None:
         w = rollout_correction_weights(old, mb.sampling_logprobs, mb.completion_mask, algo.rollout_correction,
                                        algo.rollout_correction_min, algo.rollout_correction_max)

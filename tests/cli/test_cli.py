@@ -149,3 +149,18 @@ def test_a_trl_grpo_recipe_trains_through_grpo_train(micro_dir, tmp_path, capsys
     assert [r["step"] for r in records] == [1, 2] and "reward/digits/mean" in records[0]
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "prompts_per_step: 2" in config and "loss_agg_mode: token-mean" in config and "my_rewards.digits" in config
+
+
+def test_eval_and_sample_take_a_device(micro_dir, tmp_path, capsys):
+    """--device cpu runs; a CUDA device on a machine without CUDA is the one-line model.device error, exit 2,
+    before anything is written."""
+    assert main(["eval", "--model", str(micro_dir), "--problems", "2", "--max-new-tokens", "2",
+                 "--device", "cpu"]) == 0
+    capsys.readouterr()
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the error path needs a machine without it")
+    assert main(["eval", "--model", str(micro_dir), "--problems", "2", "--device", "cuda"]) == 2
+    assert "model.device" in capsys.readouterr().err
+    out = tmp_path / "s.jsonl"
+    assert main(["sample", "--model", str(micro_dir), "--problems", "2", "--out", str(out), "--device", "cuda:0"]) == 2
+    assert "model.device" in capsys.readouterr().err and not out.exists()

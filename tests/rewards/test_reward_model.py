@@ -179,3 +179,16 @@ def test_a_loaded_classifier_in_reward_funcs_scores_like_its_directory(tmp_path)
         resolve_rewards(AutoModelForSequenceClassification.from_pretrained(save_rm(tmp_path / "rm3", num_labels=3)), cfg)
     with pytest.raises(ConfigError, match="reward_processing_classes has 1 entries for 2 reward_funcs"):
         resolve_rewards([model, "format"], cfg, [rm_tokenizer()])
+
+
+def test_place_reward_models_moves_only_reward_models(tmp_path):
+    """The trainer and `grpo eval` / `grpo sample --device` put reward models on the policy's device (as TRL's
+    accelerator does); plain functions are left alone, and a model already there is not counted."""
+    from grpo.rewards.reward_model import place_reward_models
+
+    save_rm(tmp_path / "rm")
+    rm = load_reward(str(tmp_path / "rm"))
+    rewards = [rm, ("plain", lambda completions, **kw: [0.0] * len(completions))]
+    assert place_reward_models(rewards, torch.device("cpu")) == 0
+    assert place_reward_models(rewards, torch.device("meta")) == 1
+    assert {p.device.type for p in rm[1].model.parameters()} == {"meta"}

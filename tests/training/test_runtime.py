@@ -1,3 +1,4 @@
+import re
 """The runtime per device: device resolution, CPU-only tuning on CPU only, the CUDA runtime's choices."""
 
 import pytest
@@ -69,6 +70,26 @@ def test_attention_kernel_choice():
     model = build_model(build_tokenizer(), "micro")
     set_attn_implementation(model, "eager", torch.device("cpu"))
     assert model.config._attn_implementation == "eager"
+
+
+def test_auto_attention_on_cuda_takes_flash_attention_only_with_half_weights(monkeypatch):
+    """flash-attention has no float32 kernel: `auto` keeps sdpa for float32 weights even with the package
+    installed, and an explicit flash_attention_2 with float32 weights is a ConfigError naming the key."""
+    import transformers.utils
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    assert attn_implementation("auto", cuda, torch.float32) == "sdpa"
+    assert attn_implementation("auto", cuda, torch.bfloat16) == "flash_attention_2"
+    assert attn_implementation("auto", cuda, torch.float16) == "flash_attention_2"
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
+    assert attn_implementation("auto", cuda, torch.bfloat16) == "sdpa"
+    with pytest.raises(ConfigError, match="model.attn_implementation=flash_attention_2 needs bfloat16 or float16"):
+        attn_implementation("flash_attention_2", cuda, torch.float32)
+    assert attn_implementation("flash_attention_2", cuda, torch.bfloat16) == "flash_attention_2"
+    with pytest.raises(ConfigError, match=re.escape("flash_attention_2 needs model.dtype bfloat16 | float16")):
+        build_config(overrides={"model.attn_implementation": "flash_attention_2"})
+    build_config(overrides={"model.attn_implementation": "flash_attention_2", "model.dtype": "bfloat16"})
 
 
 # --- the memory budget (train.memory_budget_gib) ----------------------------------------------------

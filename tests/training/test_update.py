@@ -357,3 +357,30 @@ def test_planner_counts_lean_layers_only_where_they_run():
     use_lean_layers(model)
     assert auto_micro_batch_tokens(model) == 256                            # the floor does not move
     assert model_shape(model, 4).lean_layers and not model_shape(model, 2).lean_layers   # bf16 autocast: stock path
+
+
+def test_policy_weight_multiplies_the_off_policy_mask_into_lambda_grpos_weights():
+    """lambda-GRPO's f_i (with its gradient to lambda) times DeepSeek-V3.2's sequence mask: both on, neither
+    replaces the other."""
+    from grpo.training.update import policy_weight
+
+    batch = make_batch(N=3)
+    batch.advantages = torch.tensor([-1.0, -1.0, 1.0])
+    lam = torch.tensor(0.5, requires_grad=True)
+
+    class Preference:
+        def weights(self, h, pos):
+            return torch.stack([lam * 2, lam * 4, lam * 6]).unsqueeze(1)          # [3, 1]
+
+    mask = batch.completion_mask
+    logp = torch.zeros(3, 5)
+    old = torch.zeros(3, 5)
+    logp[0] = -5.0                 # row 0: far from the sampler and negative -> masked; row 2 far but positive
+    logp[2] = -5.0
+    algo = AlgorithmConfig(off_policy_mask_threshold=0.5)
+    w = policy_weight(algo, logp, old, batch, Preference(), (None, None))
+    assert w.shape == (3, 1)
+    assert torch.equal(w.detach().flatten(), torch.tensor([0.0, 2.0, 3.0]))
+    w.sum().backward()
+    assert lam.grad.item() == 10.0                                              # d(4 lam + 6 lam)/d lam
+    assert mask.sum() > 0
