@@ -76,8 +76,10 @@ class HostStore:
     """Tensors kept in host memory (pinned when they go to a CUDA device), copied to the device at each load."""
 
     def __init__(self, tensors, directory: str | None = None):
+        tensors = list(tensors)
+        pin = any(t.device.type == "cuda" for t in tensors)                  # they come back to a GPU
         self.tensors = [t.detach().to("cpu").clone(memory_format=torch.contiguous_format) for t in tensors]
-        if torch.cuda.is_available():
+        if pin:
             self.tensors = [t.pin_memory() for t in self.tensors]
         self.nbytes = tensor_bytes(self.tensors)
 

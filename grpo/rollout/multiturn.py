@@ -73,27 +73,27 @@ def sample_episodes(
         logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
         action = torch.zeros(n_rows, max_new_tokens, dtype=torch.long, device=device)     # [N, max_new]
         pending: dict[int, list[int]] = {}          # row -> observation tokens still to feed
-        ended_by_eos = torch.zeros(n_rows, dtype=torch.bool, device=device)                # [N]
+        ended_by_eos = [False] * n_rows             # host-side: the loop below syncs once per token
         steps = 0
         for step in range(max_new_tokens):
             block, uniforms = step_uniforms(keys, step, block, temperature)  # [n]
             tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms, min_p=min_p)  # [n], [n]
             rows = running.tolist()
             forced = [i for i, r in enumerate(rows) if pending.get(r)]
+            is_action = torch.ones_like(tokens)
             if forced:                                 # observation tokens replace the draw, log-prob 0
                 at = torch.tensor(forced, dtype=torch.long, device=device)
                 tokens[at] = torch.tensor([pending[rows[i]].pop(0) for i in forced], dtype=torch.long, device=device)
                 token_logprobs[at] = 0.0
-            is_action = torch.ones_like(tokens)
-            if forced:
                 is_action[at] = 0
             completion_ids[running, step] = tokens
             logprobs[running, step] = token_logprobs
             action[running, step] = is_action
             steps = step + 1
-            keep = torch.ones_like(tokens, dtype=torch.bool)   # [n]
-            for i, (r, t, a) in enumerate(zip(rows, tokens.tolist(), is_action.tolist())):
-                if not a:
+            keep = [True] * len(rows)
+            was_forced = set(forced)
+            for i, (r, t) in enumerate(zip(rows, tokens.tolist())):
+                if i in was_forced:
                     continue
                 if t == eos_token_id:
                     keep[i], ended_by_eos[r] = False, True
@@ -105,13 +105,13 @@ def sample_episodes(
                     driver.finish(r, False)
                 elif obs:
                     pending[r] = list(obs)
-            if steps == max_new_tokens or not keep.any():
+            if steps == max_new_tokens or not any(keep):
                 for i, r in enumerate(rows):
                     if keep[i]:
                         driver.finish(r, False)                # cut by the token cap
                 break
-            if not keep.all():
-                kept = keep.nonzero().squeeze(-1)  # [n']
+            if not all(keep):
+                kept = torch.tensor([i for i, k in enumerate(keep) if k], dtype=torch.long, device=device)  # [n']
                 decoding.select(kept)
                 running, tokens, keys = running[kept], tokens[kept], keys[kept]
                 block = block[kept] if block is not None else None
@@ -125,7 +125,7 @@ def sample_episodes(
         completion_ids=torch.where(written.bool(), completion_ids, torch.full_like(completion_ids, pad_token_id)),
         completion_mask=written,
         sampling_logprobs=logprobs[:, :steps] * action,  # [N, T]
-        truncated=~ended_by_eos,  # [N]
+        truncated=~torch.tensor(ended_by_eos, dtype=torch.bool, device=device),  # [N]
         action_mask=action * written,  # [N, T]
     )
 

@@ -257,9 +257,10 @@ def sample(
             logprobs[running, step] = token_logprobs
             steps = step + 1
             keep = tokens != eos_token_id  # [n]
-            if steps == max_new_tokens or not keep.any():
+            live = int(keep.sum()) if steps < max_new_tokens else 0      # one device sync per token
+            if live == 0:
                 break
-            if not keep.all():  # drop finished rows from the batch and the cache
+            if live < keep.numel():  # drop finished rows from the batch and the cache
                 kept = keep.nonzero().squeeze(-1)  # [n']
                 decoding.select(kept)
                 running, tokens, keys = running[kept], tokens[kept], keys[kept]  # [n'] each

@@ -220,7 +220,7 @@ class Parallel:
 
         if self.kind == "ddp":
             self.policy = state.model
-            ids = [self.local_rank] if self.device.type == "cuda" else None
+            ids = [self.device.index] if self.device.type == "cuda" else None
             self.wrapped = torch.nn.parallel.DistributedDataParallel(LogprobForward(state.model), device_ids=ids)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
