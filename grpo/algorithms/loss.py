@@ -206,8 +206,12 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     per_token = sur.loss if policy_weight is None else sur.loss * policy_weight      # [n, T]
     policy = agg.numerator(per_token, mask) / normalizer
     loss, kl_term, kl_sum, entropy_term = policy, 0.0, 0.0, 0.0
-    row_beta = torch.as_tensor(beta, dtype=logp.dtype, device=logp.device)          # [] or [n]
-    if bool((row_beta > 0).any()):
+    if isinstance(beta, torch.Tensor):                                              # [n] per row
+        with_kl = bool((beta > 0).any())
+    else:                                                                           # a float: no device sync
+        with_kl = (max(beta) if isinstance(beta, (list, tuple)) else beta) > 0
+    if with_kl:
+        row_beta = torch.as_tensor(beta, dtype=logp.dtype, device=logp.device)      # [] or [n]
         if ref_logp is None:
             raise ValueError("grpo_loss: beta > 0 needs ref_logp")
         kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)         # [n, T]
