@@ -189,7 +189,8 @@ def demo_config(base: dict[str, Any], output_dir: str | Path, seed: int, steps: 
                 overrides: dict[str, Any] | None = None) -> Config:
     """A demo's settings: `base` (nested) with train.output_dir and train.seed, `steps` as train.max_steps
     when given, then `overrides` (flat keys) last."""
-    flat = {"train.output_dir": str(output_dir), "train.seed": seed, **(overrides or {})}
+    flat = {"train.output_dir": str(output_dir), "train.seed": seed, "train.overwrite_output_dir": True,
+            **(overrides or {})}                      # a demo re-run starts over in its directory
     if steps is not None:
         flat["train.max_steps"] = steps
     return build_config(base, flat)

@@ -235,6 +235,10 @@ class TrainConfig:
     resume: str = _f("never", "Continue an interrupted run: never (start at step 0) | auto (from the newest valid "
                      "checkpoint in output_dir; none yet = start at step 0) | PATH (that checkpoint directory). "
                      "`grpo train --resume` = auto. See docs/reliability.md.")
+    overwrite_output_dir: bool = _f(False, "Start over in an output_dir that already holds a run (checkpoints or "
+                                    "metrics) with train.resume=never: its checkpoints are deleted and its metrics, "
+                                    "samples and alerts emptied, once the first step has succeeded. Off: such a "
+                                    "directory is refused (TRL / Trainer's overwrite_output_dir).")
     deterministic: bool = _f(False, "Deterministic kernels (torch.use_deterministic_algorithms) and cuDNN/cuBLAS "
                              "settings: same seed, config and thread count -> identical results.")
     max_bad_steps: int = _f(5, "Stop with an error after this many consecutive steps with a non-finite loss or "

@@ -225,16 +225,31 @@ def set_aside(path: Path) -> Path:
     return target
 
 
+def previous_run(out: Path, cfg: Config) -> str | None:
+    """What of an earlier run `out` holds (its newest checkpoint, or its non-empty metrics file), or None."""
+    checkpoints = list_checkpoints(out)
+    if checkpoints:
+        return f"newest checkpoint: {checkpoints[-1].name}"
+    metrics = out / cfg.log.metrics_file
+    return f"{metrics.name} with records" if metrics.is_file() and metrics.stat().st_size > 0 else None
+
+
 def announce_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> int:
     """Say what the run will do (resume from where, which invalid checkpoints it sets aside, that it
-    starts over in a used directory) without writing anything; returns the first step to train."""
+    starts over in a used directory) without writing anything; returns the first step to train. A new run
+    (no checkpoint to resume) in a directory holding an earlier one is a ConfigError unless
+    train.overwrite_output_dir."""
     start = 0 if ckpt is None else ckpt.step
     for path, why in ([] if ckpt is None else ckpt.skipped):
         log.warning("warning: %s; resuming from %s (the invalid one is kept as %s.invalid)", why, ckpt.path.name,
                     path.name)
-    if ckpt is None and list_checkpoints(out):
-        log.warning("warning: %s already holds checkpoints (newest: %s); starting over at step 0 because "
-                    "train.resume=never (use --resume to continue that run)", out, list_checkpoints(out)[-1].name)
+    held = previous_run(out, cfg) if ckpt is None else None
+    if held and not cfg.train.overwrite_output_dir:
+        raise ConfigError(f"{out} already holds a run ({held}): pass --resume to continue it, set "
+                          f"train.overwrite_output_dir: true to start over there, or choose another train.output_dir")
+    if held:
+        log.warning("warning: %s holds a run (%s); train.overwrite_output_dir: its checkpoints are deleted and its "
+                    "metrics emptied once step 1 succeeds", out, held)
     if ckpt is not None:
         print(f"grpo: resuming from {ckpt.path} (step {start} of {cfg.train.max_steps})", file=sys.stderr)
     return start + 1
@@ -247,6 +262,9 @@ def begin_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> None:
     metrics.jsonl, alerts.jsonl and samples.jsonl back to the records of the checkpoint's steps."""
     for path, _ in ([] if ckpt is None else ckpt.skipped):
         set_aside(path)
+    if ckpt is None and cfg.train.overwrite_output_dir:          # starting over: no checkpoint of the old run stays
+        for path in list_checkpoints(out):                      # to be resumed into the new one's metrics
+            shutil.rmtree(path)
     remove_stale_temporaries(out)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     for name in (cfg.log.metrics_file, ALERTS_FILE, SAMPLES_FILE):                # steps after it are redone

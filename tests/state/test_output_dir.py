@@ -79,7 +79,7 @@ def test_a_concurrent_run_is_refused_with_one_line_and_the_directory_is_untouche
     finally:
         holder.communicate("", timeout=60)
     assert holder.returncode == 0 and not (out / LOCK_FILE).exists()
-    run_in_process(flat)                                    # free again
+    run_in_process({**flat, "train.overwrite_output_dir": True})   # free again
 
 
 def test_a_stale_lock_of_a_dead_process_is_reported_and_taken_over(env, tmp_path, caplog):

@@ -14,6 +14,7 @@ from grpo.state.checkpoint import CheckpointError, list_checkpoints, verify_chec
 from grpo.data.prompts import PromptStream
 from grpo.state.metrics import truncate_metrics
 from grpo.state.resume import read_checkpoint
+from tests.state.test_output_dir import snapshot
 from tests.run_helpers import (assert_same_run, cli_argv, make_micro_dir, make_reward, records, run_in_process,
                                run_subprocess, tiny_config)
 
@@ -242,13 +243,26 @@ def test_resume_with_a_changed_config_warns(env, tmp_path, caplog):
     assert "optim.lr: 0.01 -> 0.02" in message and "train.max_steps: 2 -> 3" in message
 
 
-def test_a_fresh_run_in_a_used_directory_starts_over(env, tmp_path, caplog):
+def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_output_dir(env, tmp_path, caplog, capsys):
+    """resume=never in a directory holding a run: one-line error, nothing touched; with
+    train.overwrite_output_dir the old checkpoints go (none is left to be resumed into the new run's history)."""
+    from grpo.cli.main import main
+
     out = tmp_path / "run"
-    run_in_process(tiny_config(*env, out, **{"train.max_steps": 2}))
+    run_in_process(tiny_config(*env, out, **{"train.max_steps": 3}))
+    before = snapshot(out)
+    capsys.readouterr()
+    assert main(cli_argv(tiny_config(*env, out, **{"train.max_steps": 2}))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {out} already holds a run (newest checkpoint: "
+                                                    "checkpoint-3): pass --resume to continue it, set "
+                                                    "train.overwrite_output_dir: true")
+    assert snapshot(out) == before
     with caplog.at_level(logging.WARNING):
-        run_in_process(tiny_config(*env, out, **{"train.max_steps": 2}))
-    assert any("starting over at step 0 because train.resume=never" in r.getMessage() for r in caplog.records)
+        run_in_process(tiny_config(*env, out, **{"train.max_steps": 2, "train.overwrite_output_dir": True}))
+    assert any("train.overwrite_output_dir: its checkpoints are deleted" in r.getMessage() for r in caplog.records)
     assert [r["step"] for r in records(out)] == [1, 2]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]     # checkpoint-3 is gone
 
 
 @pytest.mark.parametrize("resume", ["never", "auto"])
@@ -264,7 +278,7 @@ def test_a_run_failing_at_its_first_step_leaves_an_existing_directory_byte_ident
     failing = tmp_path / "fails.py"
     failing.write_text("def fails(prompts, completions, **kw):\n    raise ValueError('reward server down')\n")
     flat = tiny_config(*env, out, **{"train.max_steps": 6, "optim.lr": 0.5, "reward.functions": [f"{failing}:fails"],
-                                     "train.resume": resume})
+                                     "train.resume": resume, "train.overwrite_output_dir": resume == "never"})
     capsys.readouterr()
     assert main(cli_argv(flat)) == 2
     assert "reward server down" in capsys.readouterr().err
