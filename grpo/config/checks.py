@@ -39,6 +39,8 @@ def report_to_problem(report_to: list[str]) -> str | None:
     return None
 
 
+#: Files a run (or `grpo demo`) writes in its output directory beside metrics: no metrics file may take their names.
+RUN_FILES = ("samples.jsonl", "alerts.jsonl", "summary.json")
 #: The output directory's lock file (grpo.state.output_dir): no metrics file may take its name.
 LOCK_FILE = ".grpo.lock"
 
@@ -233,6 +235,7 @@ def validate(cfg: Config) -> None:
          "data.prompt_column and data.column_map both choose the prompt column: use one of them"),
         (tracking is None, tracking),
         (metrics_file is None, metrics_file),
+        (cfg.train.output_dir.strip() != "", "train.output_dir may not be empty (give a directory; '.' for this one)"),
         (cfg.log.project.strip() != "", "log.project may not be empty"),
         (cfg.log.samples_per_step >= 0, "log.samples_per_step must be >= 0"),
         (cfg.rollout.max_turns >= 0 and cfg.rollout.tool_timeout_s >= 0 and cfg.rollout.max_observation_chars >= 1,
@@ -255,6 +258,7 @@ def metrics_file_problem(name: str) -> str | None:
     plain = f"log.metrics_file must be a plain file name inside train.output_dir, got '{name}'"
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         return f"{plain} (no directories, no '..')"
-    if name.lstrip(".").startswith("checkpoint-") or name in ("config.yaml", LOCK_FILE):
-        return f"{plain}: the run writes that name itself (checkpoint-*, config.yaml, {LOCK_FILE})"
+    own = ("config.yaml", LOCK_FILE, *RUN_FILES)
+    if name.lstrip(".").startswith("checkpoint-") or name in own:
+        return f"{plain}: the run writes that name itself (checkpoint-*, {', '.join(own)})"
     return None

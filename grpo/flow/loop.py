@@ -146,6 +146,7 @@ def _run(cfg: Config, task: FlowTask, model: FlowModel | None, callbacks: Callba
             if fc.eval_every and step % fc.eval_every == 0:
                 record.update({f"eval/{k}": v for k, v in evaluate(model, task, held_out, cfg).items()})
             if step == first:
+                logger.start_trackers()                                  # before any write (begin_run)
                 begin_run(out, cfg, ckpt)                                # the first write: step `first` worked
             findings = health.observe(record)
             logger.log(record)

@@ -98,15 +98,17 @@ class MetricsLogger:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def start_trackers(self) -> None:
+        """Open the trackers of `log.report_to` (once). The loop calls it before its first write to the output
+        directory (begin_run), so a tracker that cannot start leaves an existing run's files as they were."""
+        if self.config is not None and not self.trackers:
+            self.trackers = open_trackers(self.config, first_step=self.initial + 1)
+
     def _open(self) -> None:
-        """Open the file (appending) and the trackers of `log.report_to`."""
+        """Open the file (appending) and, if not yet open, the trackers of `log.report_to`."""
+        self.start_trackers()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = self.path.open("a")
-        try:
-            self.trackers = open_trackers(self.config, first_step=self.initial + 1) if self.config is not None else []
-        except BaseException:
-            self.fh.close()
-            raise
 
     def sync(self) -> None:
         """Flush the records to the disk (before a checkpoint, so none it covers can be lost)."""

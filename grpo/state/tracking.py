@@ -132,6 +132,9 @@ def open_tracker(name: str, run: RunInfo):
         return TRACKERS[name](run)
     except ImportError as e:
         raise ConfigError(f"{install_hint(name)} ({e})") from None
+    except Exception as e:             # e.g. wandb without a login: one line naming the tracker, not its traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"log.report_to: {name} failed to start: {type(e).__name__}: {first}") from None
 
 
 def open_trackers(cfg: Config, first_step: int) -> list:

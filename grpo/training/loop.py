@@ -216,6 +216,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                     with reward_context(progress):
                         record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
                 if step == first and world.is_main:
+                    logger.start_trackers()                    # a tracker failing to start changes nothing here
                     begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
                 findings = health.observe(record)              # health/<rule> levels go into the record
                 logger.log(record)

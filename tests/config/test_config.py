@@ -106,6 +106,9 @@ def test_a_config_object_with_an_infinite_lr_or_weight_is_rejected_by_validate()
     (".checkpoint-5.tmp", ": the run writes that name itself"),
     ("config.yaml", ": the run writes that name itself"),
     (".grpo.lock", ": the run writes that name itself"),
+    ("samples.jsonl", ": the run writes that name itself"),
+    ("alerts.jsonl", ": the run writes that name itself"),
+    ("summary.json", ": the run writes that name itself"),
 ])
 def test_metrics_file_must_be_a_plain_file_name_inside_output_dir(name, why):
     with pytest.raises(ConfigError) as info:
@@ -113,6 +116,12 @@ def test_metrics_file_must_be_a_plain_file_name_inside_output_dir(name, why):
     assert str(info.value).startswith(f"log.metrics_file must be a plain file name inside train.output_dir, "
                                       f"got '{name}'{why}")
     assert build_config(overrides={"log.metrics_file": "train-metrics.jsonl"}).log.metrics_file == "train-metrics.jsonl"
+
+
+def test_an_empty_output_dir_is_refused():
+    """'' would put the run's files in the working directory without saying so."""
+    with pytest.raises(ConfigError, match="train.output_dir may not be empty"):
+        build_config(overrides={"train.output_dir": ""})
 
 
 def test_a_nested_group_takes_a_mapping_and_dotted_overrides():
@@ -142,3 +151,11 @@ def test_repetition_penalty_is_for_single_turn_rollouts():
 def test_dual_clip_and_delta_belong_to_the_clip_loss():
     with pytest.raises(ConfigError, match="with policy_loss sapo leave them empty"):
         build_config(overrides={"algorithm.policy_loss": "sapo", "algorithm.clip_ratio_c": 3.0})
+
+
+def test_the_reserved_run_files_are_the_names_the_run_writes():
+    from grpo.config.checks import RUN_FILES
+    from grpo.state.metrics import ALERTS_FILE
+    from grpo.state.samples import SAMPLES_FILE
+
+    assert {SAMPLES_FILE, ALERTS_FILE} <= set(RUN_FILES)

@@ -15,7 +15,7 @@ from grpo.cli.main import main
 from grpo.config import Config, ConfigError, LogConfig, TrainConfig, build_config, field_help
 from grpo.state.metrics import read_metrics
 from grpo.state.tracking import TRACKERS, open_trackers, tracker_names, tracker_scalars
-from tests.run_helpers import make_micro_dir, make_reward, run_in_process, run_subprocess, tiny_config
+from tests.run_helpers import cli_argv, make_micro_dir, make_reward, run_in_process, run_subprocess, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +239,29 @@ def test_the_config_knows_every_tracker_and_its_package():
     from grpo.config.checks import TRACKER_PACKAGES
 
     assert {name: sink.package for name, sink in TRACKERS.items()} == TRACKER_PACKAGES
+
+
+def test_a_tracker_failing_to_start_is_one_line_and_leaves_the_run_directory_untouched(env, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """A tracker that raises when it starts (wandb without a login) is opened before the run's first write: one
+    `error:` line naming it, exit 2, and the resumed run's files byte-identical."""
+    from tests.state.test_output_dir import snapshot
+
+    class NoLogin:
+        package = "json"
+
+        def __init__(self, run):
+            raise RuntimeError("No API key configured.\nUse `wandb login` to log in.")
+
+    out = tmp_path / "run"
+    flat = tiny_config(*env, out, **{"train.max_steps": 1})
+    run_in_process(flat)
+    before = snapshot(out)
+    monkeypatch.setitem(TRACKERS, "tensorboard", NoLogin)
+    capsys.readouterr()
+    argv = cli_argv({**flat, "train.max_steps": 2, "train.resume": "auto", "log.report_to": ["tensorboard"]})
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "error: log.report_to: tensorboard failed to start: RuntimeError: No API key configured."
+    assert [line for line in err if line.startswith("error")] == err[-1:]
+    assert snapshot(out) == before
