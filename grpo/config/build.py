@@ -196,13 +196,37 @@ def demo_config(base: dict[str, Any], output_dir: str | Path, seed: int, steps: 
     return build_config(base, flat)
 
 
+class DuplicateKey(Exception):
+    """A mapping of a YAML file holds `key` twice (its second occurrence at `line`, 1-based)."""
+
+    def __init__(self, key: Any, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file; errors name the file (and line, when YAML reports one)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=UniqueKeyLoader)
+    except DuplicateKey as e:
+        raise ConfigError(f"{p}:{e.line}: key '{e.key}' appears twice in one mapping (the second would silently "
+                          "replace the first)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

@@ -23,7 +23,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from grpo.rewards.context import context_kwargs
+from grpo.rewards.context import CONTEXT_KEYWORDS, context_kwargs
 
 RewardFn = Callable[..., Any]
 #: With a timeout, extra seconds given to the event loop of the async functions to wind down.
@@ -67,7 +67,7 @@ _CALL_ERRORS = ("unexpected keyword argument", "multiple values for argument", "
 
 def reward_kwargs(prompts: list, completions: list, columns: dict[str, list]) -> dict[str, list]:
     """The keyword arguments of a reward call: ``prompts``, ``completions`` and every column."""
-    clash = next((k for k in ("prompts", "completions") if k in columns), None)
+    clash = next((k for k in ("prompts", "completions", *CONTEXT_KEYWORDS) if k in columns), None)
     if clash:
         raise RewardError(f"a column is named '{clash}', like a reward function argument: rename it "
                           "(data.column_map)")

@@ -62,7 +62,13 @@ def completion_id_lists(gen: Generation) -> list[list[int]]:
 
 
 def reward_columns(columns: dict[str, list], gen: Generation) -> dict[str, list]:
-    """The keyword columns of a reward call: the dataset columns plus ``completion_ids``."""
+    """The keyword columns of a reward call: the dataset columns plus ``completion_ids`` (a dataset column of
+    that name would be replaced without a word: a RewardError naming it)."""
+    if "completion_ids" in columns:
+        from grpo.rewards import RewardError
+
+        raise RewardError("a column is named 'completion_ids', like the token ids the trainer passes to reward "
+                          "functions: rename it (data.column_map)")
     return {**columns, "completion_ids": completion_id_lists(gen)}
 
 

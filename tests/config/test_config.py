@@ -159,3 +159,19 @@ def test_the_reserved_run_files_are_the_names_the_run_writes():
     from grpo.state.samples import SAMPLES_FILE
 
     assert {SAMPLES_FILE, ALERTS_FILE} <= set(RUN_FILES)
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_an_error_naming_file_and_line(tmp_path):
+    from grpo.config.build import load_yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  prompts_per_step: 2\nrollout:\n  num_generations: 4\ntrain:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    assert str(info.value) == (f"{path}:5: key 'train' appears twice in one mapping (the second would silently "
+                               "replace the first)")
+    path.write_text("train:\n  max_steps: 2\n  max_steps: 3\n")
+    with pytest.raises(ConfigError, match=":3: key 'max_steps' appears twice"):
+        load_yaml(path)
+    path.write_text("train:\n  max_steps: 2\nrollout:\n  max_steps: 3\n")          # same name, other mapping: fine
+    assert load_yaml(path) == {"train": {"max_steps": 2}, "rollout": {"max_steps": 3}}

@@ -126,6 +126,9 @@ def test_a_call_error_inside_the_function_gets_the_hint():
 def test_a_column_named_like_an_argument_is_an_error():
     with pytest.raises(RewardError, match="a column is named 'completions', like a reward function argument"):
         score([("fmt", fmt)], None, ["p"], ["a"], {"completions": ["x"]})
+    for name in ("trainer_state", "log_metric", "log_extra"):                  # TRL's keywords, passed by us
+        with pytest.raises(RewardError, match=f"a column is named '{name}', like a reward function argument"):
+            score([("fmt", fmt)], None, ["p"], ["a"], {name: ["x"]})
 
 
 def test_step_rewards_are_called_by_keyword_on_the_completion_text():

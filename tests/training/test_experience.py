@@ -244,3 +244,11 @@ def test_draw_groups_samples_in_rollout_precision(tmp_path):
     cfg_auto = build_config(overrides={**BASE, "reward.functions": cfg.reward.functions})
     auto = draw_groups(model, tok, rows, rewards, cfg_auto, [5, 6], "cpu").gen
     assert torch.equal(auto.sampling_logprobs, fp32.sampling_logprobs)
+
+
+def test_a_dataset_column_named_completion_ids_is_an_error_not_replaced():
+    from grpo.rewards import RewardError
+    from grpo.training.experience import reward_columns
+
+    with pytest.raises(RewardError, match="a column is named 'completion_ids'.*rename it"):
+        reward_columns({"completion_ids": [[1, 2]]}, None)
