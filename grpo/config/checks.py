@@ -236,6 +236,7 @@ def validate(cfg: Config) -> None:
         (tracking is None, tracking),
         (metrics_file is None, metrics_file),
         (cfg.train.output_dir.strip() != "", "train.output_dir may not be empty (give a directory; '.' for this one)"),
+        (0 <= cfg.train.seed < 2 ** 32, f"train.seed must be in [0, 2**32 - 1], got {cfg.train.seed}"),
         (cfg.log.project.strip() != "", "log.project may not be empty"),
         (cfg.log.samples_per_step >= 0, "log.samples_per_step must be >= 0"),
         (cfg.rollout.max_turns >= 0 and cfg.rollout.tool_timeout_s >= 0 and cfg.rollout.max_observation_chars >= 1,

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import yaml
 
-from grpo.state.checkpoint import (CheckpointError, list_checkpoints, remove_stale_temporaries, restore_rng, rng_state,
-                             save_checkpoint, verify_checkpoint)
+from grpo.state.checkpoint import (MANIFEST, CheckpointError, list_checkpoints, remove_stale_temporaries, restore_rng,
+                             rng_state, save_checkpoint, verify_checkpoint)
 from grpo.config import Config, ConfigError, to_dict
 from grpo.state.metrics import ALERTS_FILE, truncate_metrics
 from grpo.state.samples import SAMPLES_FILE
@@ -107,7 +107,13 @@ def find_checkpoint(cfg: Config) -> Checkpoint | None:
     if mode == "never":
         return None
     if mode != "auto":
-        return read_checkpoint(Path(mode).expanduser())
+        path = Path(mode).expanduser()
+        inside = list_checkpoints(path) if path.is_dir() and not (path / MANIFEST).exists() else []
+        if inside:                        # a run directory, not one of its checkpoints
+            raise CheckpointError(f"train.resume={mode} is a run directory, not a checkpoint: pass one of its "
+                                  f"checkpoints ({inside[-1]}), or --resume alone for the newest valid one of "
+                                  "train.output_dir")
+        return read_checkpoint(path)
     candidates = list_checkpoints(out)[::-1]
     if not candidates:
         print(f"grpo: train.resume=auto: no checkpoint in {out} yet; starting at step 0", file=sys.stderr)

@@ -1,3 +1,4 @@
+import re
 import pytest
 
 from grpo.config import Config, ConfigError, build_config, field_help, load_yaml, valid_keys
@@ -116,6 +117,12 @@ def test_metrics_file_must_be_a_plain_file_name_inside_output_dir(name, why):
     assert str(info.value).startswith(f"log.metrics_file must be a plain file name inside train.output_dir, "
                                       f"got '{name}'{why}")
     assert build_config(overrides={"log.metrics_file": "train-metrics.jsonl"}).log.metrics_file == "train-metrics.jsonl"
+
+
+@pytest.mark.parametrize("seed", [-5, 2 ** 32])
+def test_a_seed_out_of_range_names_the_key(seed):
+    with pytest.raises(ConfigError, match=re.escape(f"train.seed must be in [0, 2**32 - 1], got {seed}")):
+        build_config(overrides={"train.seed": seed})
 
 
 def test_an_empty_output_dir_is_refused():

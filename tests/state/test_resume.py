@@ -382,3 +382,15 @@ def test_a_change_that_cannot_apply_on_resume_is_an_error_naming_the_key(env, tm
     with pytest.raises(ConfigError, match=r"cannot resume checkpoint-2 with a changed lora.r \(4 -> 8\): the adapter"):
         run_in_process(tiny_config(*env, out, **{**lora, "lora.r": 8, "train.max_steps": 3, "train.resume": "auto"}))
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
+def test_resume_given_a_run_directory_names_its_checkpoints(env, tmp_path, capsys):
+    from grpo.cli.main import main
+
+    out = tmp_path / "run"
+    run_in_process(tiny_config(*env, out, **{"train.max_steps": 1}))
+    capsys.readouterr()
+    assert main(cli_argv(tiny_config(*env, tmp_path / "other", **{"train.max_steps": 2, "train.resume": str(out)}))) == 2
+    assert capsys.readouterr().err == (f"error: train.resume={out} is a run directory, not a checkpoint: pass one of "
+                                       f"its checkpoints ({out / 'checkpoint-1'}), or --resume alone for the newest "
+                                       "valid one of train.output_dir\n")
