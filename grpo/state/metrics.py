@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -161,16 +162,21 @@ def truncate_metrics(path: str | Path, step: int) -> int:
     path = Path(path)
     if not path.is_file():
         return 0
-    keep, dropped = [], 0
-    for line in path.read_text().splitlines():
+    keep, dropped, unreadable = [], 0, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         try:
             ok = int(json.loads(line)["step"]) <= step
         except (ValueError, KeyError, TypeError):
             ok = False
+            unreadable += [number] if line.strip() else []
         if ok:
             keep.append(line)
         elif line.strip():
             dropped += 1
+    if unreadable:              # a torn last line is a killed step's, redone; say so, and of any other
+        logging.getLogger(__name__).warning(
+            "warning: %s: line%s %s %s not a step record (torn or edited); dropped", path,
+            "s" if len(unreadable) > 1 else "", ", ".join(map(str, unreadable[:5])), "are" if len(unreadable) > 1 else "is")
     if dropped:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(f"{line}\n" for line in keep))

@@ -305,10 +305,13 @@ def test_lora_resume_is_bit_identical(env, tmp_path):
     assert_same_run(a, b, 6)
 
 
-def test_truncate_metrics_keeps_steps_up_to_the_checkpoint(tmp_path):
+def test_truncate_metrics_keeps_steps_up_to_the_checkpoint(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "x"')
-    assert truncate_metrics(path, 2) == 3
+    with caplog.at_level(logging.WARNING):
+        assert truncate_metrics(path, 2) == 3
+    assert [r.getMessage() for r in caplog.records] == [f"warning: {path}: line 5 is not a step record (torn or "
+                                                        "edited); dropped"]
     assert path.read_text() == '{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n'
     assert truncate_metrics(path, 2) == 0 and truncate_metrics(tmp_path / "absent.jsonl", 2) == 0
     assert truncate_metrics(path, 0) == 2 and path.read_text() == ""
