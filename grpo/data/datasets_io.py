@@ -106,9 +106,14 @@ def _csv_features(p: Path):
     from datasets import Features, Value
 
     with p.open(newline="") as fh:
-        header = next(csv.reader(fh), None)
-    if not header:
-        raise DataError(f"{p}: no rows")
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"{p}: no rows")
+        for row in reader:              # more cells than the header: pandas would shift the row into its index
+            if len(row) > len(header):
+                raise DataError(f"{p}:{reader.line_num}: {len(row)} cells where the header has {len(header)} "
+                                f"({', '.join(header)})")
     return Features({name: Value("string") for name in header})
 
 

@@ -112,6 +112,9 @@ def test_loader_errors_name_file_line_row_and_columns(tmp_path):
     csv.write_text("prompt,answer\n1+2=,3\n,4\n")
     with pytest.raises(DataError, match=r"e.csv: row 1: column 'prompt' must be a non-empty string .* got NoneType"):
         load_prompt_rows(DataConfig(dataset=str(csv)))
+    csv.write_text('prompt,answer\n"1+2=",3\n2+2=,4,extra\n')          # a cell too many: pandas would shift it
+    with pytest.raises(DataError, match=r"e.csv:3: 3 cells where the header has 2 \(prompt, answer\)"):
+        load_prompt_rows(DataConfig(dataset=str(csv)))
     (tmp_path / "x.txt").write_text("1+2=\n")
     with pytest.raises(DataError, match=r"x.txt: unsupported dataset format '.txt'"):
         load_prompt_rows(DataConfig(dataset=str(tmp_path / "x.txt")))
