@@ -44,6 +44,7 @@ completion, or a value that is not a finite number or None) are handled by the `
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import numbers
@@ -244,14 +245,28 @@ def resolve(name: str, fn: RewardFn, out: Any, prompts: list, completions: list,
 # ---------------------------------------------------------------- scoring
 
 
-def warn_no_signal(name: str, values: list, argument_names: list[str]) -> None:
-    """Warn once per function name when it returned None for every completion of a batch."""
+def unfed_parameters(fn: RewardFn, argument_names: list[str]) -> list[str]:
+    """`fn`'s named parameters with a default that no argument of the call filled: the columns it reads when
+    the dataset has them (``answer=None``, ``solution=None``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.default is not p.empty and p.name not in argument_names]
+
+
+def warn_no_signal(name: str, values: list, argument_names: list[str], fn: RewardFn | None = None) -> None:
+    """Warn once per function name when it returned None for every completion of a batch, naming the
+    parameters of `fn` that got no column."""
     if not values or any(v is not None for v in values) or name in _WARNED_NO_SIGNAL:
         return
     _WARNED_NO_SIGNAL.add(name)
+    unfed = unfed_parameters(fn, argument_names) if fn is not None else []
+    need = f"; it reads a column {' or '.join(repr(n) for n in unfed)}, which the data does not have" if unfed else ""
     log.warning("warning: reward function '%s' returned None for all %d completions of a batch: it applies to "
                 "none of them and gives no learning signal (does it get the columns it needs? it was called with "
-                "%s)", name, len(values), ", ".join(argument_names))
+                "%s%s)", name, len(values), ", ".join(argument_names), need)
 
 
 def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, prompts: list,
@@ -278,7 +293,7 @@ def score(functions: list[tuple[str, RewardFn]], weights: list[float] | None, pr
     errors: dict[str, int] = {}
     for k, ((name, fn), out) in enumerate(zip(functions, outs)):
         values, count = resolve(name, fn, out, prompts, completions, columns, on_error, timeout_s)
-        warn_no_signal(name, values, ["prompts", "completions", *columns])
+        warn_no_signal(name, values, ["prompts", "completions", *columns], fn)
         errors[name] = errors.get(name, 0) + count          # a name listed twice: counts add up
         table[:, k] = torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float32,
                                    device=table.device)

@@ -496,3 +496,19 @@ def test_an_import_path_names_a_reward_as_in_trl(tmp_path, monkeypatch):
         load_reward("myrewards.lengths.nope")
     with pytest.raises(RewardError, match="reward 'nosuchpkg.f': module nosuchpkg failed to import: ModuleNotFoundError"):
         load_reward("nosuchpkg.f")
+
+
+def test_the_no_signal_warning_names_the_columns_a_reward_reads(caplog):
+    """math_accuracy reads `answer` or `solution`: on data with neither, the warning says so."""
+    import logging
+
+    from grpo.rewards import load_reward
+    from grpo.rewards.scoring import _WARNED_NO_SIGNAL
+
+    name, fn = load_reward("math_accuracy")
+    _WARNED_NO_SIGNAL.discard(name)
+    with caplog.at_level(logging.WARNING):
+        score([(name, fn)], None, ["p", "q"], ["<answer>1</answer>", "2"], {"target": ["1", "2"]})
+    line = next(r.getMessage() for r in caplog.records if name in r.getMessage())
+    assert line.endswith("it was called with prompts, completions, target; it reads a column 'answer' or "
+                         "'solution', which the data does not have)")
