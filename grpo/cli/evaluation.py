@@ -49,10 +49,22 @@ def _ks(text: str, samples: int) -> list[int]:
     return ks
 
 
+def named_extractor(fn, spec: str):
+    """`fn` with its failures as one-line errors naming the --answer-extractor function and file."""
+
+    def extract(text):
+        try:
+            return fn(text)
+        except Exception as e:
+            raise ValueError(f"--answer-extractor {spec} failed: {type(e).__name__}: {e}") from e
+
+    return extract
+
+
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.config import build_config
     from grpo.data.prompts import load_prompts
-    from grpo.data.tasks import TASKS, default_reward_functions
+    from grpo.data.tasks import default_reward_functions
     from grpo.modeling.models import EMBEDDED_MODEL_DIR
     from grpo.rewards import load_reward
     from grpo.rewards import load_file_reward
@@ -60,8 +72,20 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.training.runtime import on_device
     from grpo.training.evaluate import evaluate, evaluate_samples
 
+    from grpo.cli.outputs import check_out_dir
+    from grpo.data.tasks import task_module
+
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
+    if args.problems < 0:
+        raise ValueError(f"--problems must be >= 0 (0 = all rows of --dataset), got {args.problems}")
+    if args.problems == 0 and not args.dataset:
+        raise ValueError("--problems 0 (all rows) needs --dataset: the embedded task's held-out split has no end")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    task = None if args.dataset else task_module(args.task, "--task")
+    if args.out:
+        check_out_dir(args.out, "--out")       # a file, or a training run's directory: refused before any work
     if args.samples > 1 and args.temperature <= 0:
         raise ValueError("--samples > 1 needs --temperature > 0 (greedy samples are all the same)")
     ks = _ks(args.k, args.samples)
@@ -70,7 +94,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         path, sep, name = args.answer_extractor.rpartition(":")
         if not sep or not path.endswith(".py"):
             raise ValueError(f"--answer-extractor must be file.py:function, got {args.answer_extractor!r}")
-        extract = load_file_reward(path, name)[1]
+        extract = named_extractor(load_file_reward(path, name)[1], args.answer_extractor)
     cfg = build_config(overrides={"data.dataset": args.dataset or "", "data.split": args.split, "data.task": args.task,
                                   "train.seed": args.seed})
     rewards = [load_reward(r) for r in (args.reward or default_reward_functions(cfg, args.dataset))]
@@ -80,7 +104,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         rows = load_prompts(cfg.data, args.seed, tokenizer).rows
         rows = rows[:args.problems] if args.problems > 0 else rows
     else:
-        rows = TASKS[args.task].generate("test", args.problems, seed=args.seed)
+        rows = task.generate("test", args.problems, seed=args.seed)
     if args.samples == 1 and not args.maj and not args.out:
         scores = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, seed=args.seed)

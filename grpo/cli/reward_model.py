@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threshold", type=float, default=0.5)
     p.add_argument("--base", help="Causal LM directory whose backbone the reward model starts from "
                                   "(default: the embedded base policy).")
-    p.add_argument("--out", required=True, help="Output directory (model + tokenizer).")
+    p.add_argument("--out", required=True, help="Output directory (model + tokenizer; must not exist or be empty).")
     p.add_argument("--loss", default="pointwise", help="pointwise (BCE) | pairwise (Bradley-Terry).")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", dest="batch_size", type=int, default=16)
@@ -51,6 +51,33 @@ def read_samples(path: Path) -> list[dict]:
     return rows
 
 
+def check_args(args: argparse.Namespace, losses: tuple[str, ...]) -> None:
+    """The numeric flags and --loss, checked before any model is loaded."""
+    if args.loss not in losses:
+        raise ValueError(f"--loss must be one of {' | '.join(losses)}, got {args.loss!r}")
+    problems = [(args.steps >= 1, f"--steps must be >= 1, got {args.steps}"),
+                (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
+                (args.lr > 0, f"--lr must be > 0, got {args.lr}"),
+                (0 <= args.held_out < 1, f"--held-out must be in [0, 1), got {args.held_out}"),
+                (0 <= args.replay <= 1, f"--replay must be in [0, 1], got {args.replay}")]
+    for ok, message in problems:
+        if not ok:
+            raise ValueError(message)
+
+
+def check_out(path: str) -> Path:
+    """--out: a new or empty directory (as grpo export's), so no model or file is overwritten."""
+    from grpo.cli.outputs import check_parent
+
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file: give a new or empty directory for the reward model")
+    if out.is_dir() and any(out.iterdir()):
+        raise FileExistsError(f"--out {out} is not empty: give a new or empty directory for the reward model")
+    check_parent(out, "--out")
+    return out
+
+
 def cmd_reward_model(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
 
@@ -58,8 +85,11 @@ def cmd_reward_model(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.rewards import load_reward, score
     from grpo.rewards.reward_model import reward_text
     from grpo.rewards.text import chat_completions
-    from grpo.training.reward_model_training import ReplayBuffer, accuracy, new_reward_model, train_reward_model
+    from grpo.training.reward_model_training import (LOSSES, ReplayBuffer, accuracy, new_reward_model,
+                                                     train_reward_model)
 
+    check_args(args, LOSSES)
+    out = check_out(args.out)
     label = load_reward(args.label)
     base = args.base or str(EMBEDDED_MODEL_DIR)
     tokenizer = load_tokenizer(base)
@@ -79,12 +109,14 @@ def cmd_reward_model(args: argparse.Namespace, extra: list[str]) -> int:
     random.Random(args.seed).shuffle(items)
     cut = int(len(items) * (1 - args.held_out))
     train, held = items[:cut], items[cut:]
+    if not train:
+        raise ValueError(f"{args.samples}: its {len(items)} rows leave none to train on after --held-out {args.held_out}")
     before = accuracy(model, tokenizer, held) if held else float("nan")
     losses = train_reward_model(model, tokenizer, train, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                 loss=args.loss, history=history, replay=args.replay if history else 0.0,
                                 seed=args.seed)
     after = accuracy(model, tokenizer, held) if held else float("nan")
-    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     good = sum(it[2] for it in items)

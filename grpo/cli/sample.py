@@ -6,6 +6,12 @@ import argparse
 from pathlib import Path
 
 
+#: The flags that decide the rows of a run: a --resume with any of them changed is refused (recorded next to --out).
+SETTINGS = ("--model", "--dataset", "--split", "--task", "--num-samples", "--reward", "--keep", "--min-reward",
+            "--max-per-prompt", "--dedupe", "--max-length", "--min-language", "--max-repetition", "--max-new-tokens",
+            "--temperature", "--seed")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("sample", help="Rejection sampling: K completions per prompt, scored and filtered, "
                                       "streamed to an SFT-ready JSONL file.")
@@ -41,23 +47,33 @@ def add_parser(sub) -> None:
 
 
 def cmd_sample(args: argparse.Namespace, extra: list[str]) -> int:
+    from grpo.cli.outputs import check_out_file
     from grpo.config import build_config
     from grpo.data.prompts import load_prompts
-    from grpo.data.tasks import TASKS, default_reward_functions
+    from grpo.data.tasks import default_reward_functions, task_module
     from grpo.modeling.models import EMBEDDED_MODEL_DIR
     from grpo.rewards import load_reward
     from grpo.state.model_files import load_checkpoint
     from grpo.training.runtime import on_device
-    from grpo.training.rejection import Selection, resume_point, sample_to_file, select
+    from grpo.training.rejection import Selection, check_settings, resume_point, sample_to_file, select, write_settings
 
     if args.num_samples < 1 or args.temperature <= 0:
         raise ValueError("grpo sample needs --num-samples >= 1 and --temperature > 0")
+    if args.problems < 0:
+        raise ValueError(f"--problems must be >= 0 (0 = all), got {args.problems}")
+    if args.max_new_tokens < 1 or args.batch_size < 1:
+        raise ValueError(f"--max-new-tokens and --batch-size must be >= 1, got {args.max_new_tokens} and "
+                         f"{args.batch_size}")
+    task = None if args.dataset else task_module(args.task, "--task")
     selection = Selection(args.keep, args.min_reward, args.max_per_prompt, args.dedupe, args.max_length,
                           args.min_language, args.max_repetition)
     select([], selection)                                          # an unknown --keep fails before any work
-    out = Path(args.out)
+    out = check_out_file(args.out, "--out")
     if out.exists() and not args.resume and out.stat().st_size > 0:
         raise FileExistsError(f"{out} exists: pass --resume to continue it, or choose another --out")
+    settings = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in SETTINGS}
+    if args.resume:
+        check_settings(out, settings)          # an unreadable line or a changed flag: refused before any work
     cfg = build_config(overrides={"data.dataset": args.dataset or "", "data.split": args.split, "data.task": args.task,
                                   "train.seed": args.seed})
     rewards = [load_reward(r) for r in (args.reward or default_reward_functions(cfg, args.dataset))]
@@ -66,10 +82,11 @@ def cmd_sample(args: argparse.Namespace, extra: list[str]) -> int:
     if args.dataset:
         rows = load_prompts(cfg.data, args.seed, tokenizer).rows
     else:
-        rows = TASKS[args.task].generate("train", args.problems or 256, seed=args.seed)
+        rows = task.generate("train", args.problems or 256, seed=args.seed)
     rows = rows[:args.problems] if args.problems > 0 else rows
     out.parent.mkdir(parents=True, exist_ok=True)
     start = resume_point(out) if args.resume else 0
+    write_settings(out, settings)
     counts = sample_to_file(model, tokenizer, rows, rewards, out, num_samples=args.num_samples, selection=selection,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                             batch_size=args.batch_size, start=start)

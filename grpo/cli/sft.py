@@ -11,17 +11,18 @@ GENERAL = ("--dataset", "--data.dataset", "--config")
 
 def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
     if not any(a.split("=")[0] in GENERAL for a in extra):
+        from grpo.cli.outputs import check_out_dir
         from grpo.training.sft import main as sft_main
 
-        return sft_main(extra)
+        return sft_main(extra, check_out=lambda path: check_out_dir(path, "--out"))
     from grpo.api.inputs import resolve_model
-    from grpo.cli.main import parse_overrides
+    from grpo.cli.main import Parser, parse_overrides
     from grpo.config import ConfigError, build_config, load_yaml
     from grpo.data.datasets_io import load_records, rename_columns
     from grpo.training.finetune import run_finetune
     from grpo.training.runtime import build_runtime
 
-    parser = argparse.ArgumentParser(prog="grpo sft", description=__doc__.splitlines()[0])
+    parser = Parser(prog="grpo sft", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (the sections of grpo train).")
     parser.add_argument("--model", help="Model directory (model.path).")
     parser.add_argument("--dataset", help="SFT rows: prompt + completion columns, or messages (data.dataset).")

@@ -9,11 +9,17 @@ cross-entropy over completion tokens (and the closing EOS) only. The run uses th
 ``train.max_steps / seed / save_steps / save_total_limit / output_dir / resume``, ``train.micro_batch_size``
 (sequences per step; 0 = 16) and ``log.*``; metrics.jsonl holds ``loss/sft``, ``optim/lr``,
 ``optim/grad_norm``, ``time/step_s``. Checkpoints are those of GRPO; ``train.resume: auto`` continues
-from the newest with the same data order (the epoch permutation is keyed by the seed).
+from the newest with the same data order (the epoch permutation is keyed by the seed). As in grpo train,
+the run holds the output directory's lock, and a directory that already holds a run is refused unless
+``--resume`` (an SFT run) or ``train.overwrite_output_dir`` (start over); a GRPO run's directory is
+refused for --resume too.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +30,13 @@ from grpo.config import Config, ConfigError
 from grpo.data.prompts import encode_prompts
 from grpo.state.checkpoint import list_checkpoints, save_checkpoint, verify_checkpoint
 from grpo.state.metrics import MetricsLogger, truncate_metrics
-from grpo.state.resume import load_policy_weights
+from grpo.state.output_dir import OutputDirLock, prepare_output_dir
+from grpo.state.resume import load_policy_weights, previous_run
 from grpo.training.sft import IGNORE_INDEX, completion_loss
 from grpo.training.update import build_optimizer
 
 DEFAULT_BATCH = 16
+log = logging.getLogger(__name__)
 
 
 def split_row(row: dict[str, Any], where: str) -> tuple[Any, str]:
@@ -42,7 +50,10 @@ def split_row(row: dict[str, Any], where: str) -> tuple[Any, str]:
         return list(messages[:last]), str(messages[last].get("content") or "")
     if "prompt" not in row or "completion" not in row:
         raise ConfigError(f"{where}: an SFT row needs 'prompt' and 'completion' columns, or 'messages'")
-    return row["prompt"], str(row["completion"])
+    completion = row["completion"]
+    if not isinstance(completion, str):
+        raise ConfigError(f"{where}: column 'completion' must be text, got {type(completion).__name__} {completion!r}")
+    return row["prompt"], completion
 
 
 def encode_rows(tokenizer, rows: list[dict[str, Any]], system_prompt: str | None = None, source: str = "dataset",
@@ -91,11 +102,51 @@ def run_finetune(cfg: Config, model, tokenizer, rows: list[dict[str, Any]]) -> d
     tc = cfg.train
     pairs = encode_rows(tokenizer, rows, cfg.data.system_prompt, cfg.data.dataset or "dataset",
                         dict(cfg.data.chat_template_kwargs))
+    out = prepare_output_dir(tc.output_dir)
+    with OutputDirLock(out):                       # a live run there (GRPO or SFT) is refused, naming it
+        return _run(cfg, model, tokenizer, pairs, out)
+
+
+def checkpoint_kind(path: Path) -> str:
+    """'sft' for a checkpoint of this module, else the kind of run that wrote it (GRPO's has no 'kind')."""
+    try:
+        return str(json.loads((path / "trainer_state.json").read_text()).get("kind", "grpo"))
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+
+
+def sft_checkpoints(out: Path, cfg: Config) -> list[Path]:
+    """The SFT checkpoints of `out` to resume from, after refusing (ConfigError, nothing touched) an output
+    directory of another kind of run, or of an earlier run without --resume, as grpo train does; with
+    train.overwrite_output_dir the earlier run's checkpoints and metrics are removed instead."""
+    tc = cfg.train
+    checkpoints = list_checkpoints(out)
+    other = [c.name for c in checkpoints if checkpoint_kind(c) != "sft"]
+    if (out / "config.yaml").is_file():
+        other.append("config.yaml")
+    if other and not tc.overwrite_output_dir:
+        raise ConfigError(f"train.output_dir {out} holds another kind of run (a GRPO run: {other[-1]}), not an SFT "
+                          f"run: choose another --output-dir")
+    held = previous_run(out, cfg)
+    if tc.overwrite_output_dir:
+        if held or other:
+            log.warning("warning: %s holds a run (%s); train.overwrite_output_dir: starting over", out, held)
+            for path in checkpoints:
+                shutil.rmtree(path)
+            truncate_metrics(out / cfg.log.metrics_file, 0)
+        return []
+    if tc.resume == "never" and held or tc.resume == "auto" and not checkpoints and held:
+        raise ConfigError(f"{out} already holds an SFT run ({held}): pass --resume to continue it, set "
+                          f"train.overwrite_output_dir: true to start over there, or choose another --output-dir")
+    return checkpoints if tc.resume != "never" else []
+
+
+def _run(cfg: Config, model, tokenizer, pairs: list[tuple[list[int], list[int]]], out: Path) -> dict[str, Any]:
+    tc = cfg.train
     size = tc.micro_batch_size or DEFAULT_BATCH
-    out = Path(tc.output_dir)
+    done = sft_checkpoints(out, cfg)
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps)
     start = 0
-    done = [c for c in list_checkpoints(out) if c.name.startswith("checkpoint-")] if tc.resume != "never" else []
     if done:
         ckpt = done[-1] if tc.resume == "auto" else Path(tc.resume)
         verify_checkpoint(ckpt)

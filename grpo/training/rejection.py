@@ -12,7 +12,9 @@ completions; ``max_per_prompt`` caps the rows of a prompt.
 Streaming and resume: rows are written prompt batch by prompt batch (flushed and fsynced), so a stopped
 run keeps every finished row. Sampling is keyed by (seed, prompt index, sample) (grpo/rollout/keyed.py),
 so :func:`resume_point` drops the rows of the last prompt present (it may be incomplete) and a resumed run
-starts again from that prompt, writing no duplicate.
+starts again from that prompt, writing no duplicate. A line it cannot read is an error naming the file and
+line (never dropped), and the flags that decide the rows are recorded beside the file (:func:`write_settings`):
+a resume with one of them changed is refused naming it.
 """
 
 from __future__ import annotations
@@ -66,24 +68,69 @@ def select(samples: list[dict[str, Any]], sel: Selection) -> list[dict[str, Any]
     return pool[:sel.max_per_prompt] if sel.max_per_prompt else pool
 
 
-def resume_point(path: Path) -> int:
-    """Prepare `path` for a resumed run: drop a torn last line and the rows of the last prompt present
-    (it may be incomplete); returns the prompt index to start from (0 for a new file)."""
+def settings_path(out: Path) -> Path:
+    """Where a run's settings are recorded: a hidden file beside `out` (``.NAME.settings.json``)."""
+    return out.with_name(f".{out.name}.settings.json")
+
+
+def write_settings(out: Path, settings: dict[str, Any]) -> None:
+    """Record the flags that decide the rows of `out` (compared by :func:`check_settings` on --resume)."""
+    tmp = out.with_name(f".{out.name}.settings.json.tmp")
+    tmp.write_text(json.dumps(settings, indent=1) + "\n")
+    os.replace(tmp, settings_path(out))
+
+
+def check_settings(out: Path, settings: dict[str, Any]) -> None:
+    """Before a resumed run writes anything: every line of `out` readable (:func:`read_rows`), and the
+    recorded settings (if any) equal to `settings`; a ValueError naming the file and line or the flag."""
+    read_rows(out)
+    recorded = settings_path(out)
+    if not recorded.is_file():
+        return
+    try:
+        saved = json.loads(recorded.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{recorded}: unreadable settings of {out} ({e})") from None
+    changed = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in settings.items() if k in saved and saved[k] != v]
+    if changed:
+        raise ValueError(f"--resume: {out} was sampled with other settings ({'; '.join(changed)}): use the same "
+                         f"flags, or choose another --out")
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of an output file; a torn last line (no newline: a kill came mid-write) is left out. Any
+    other line that is not a row with an integer prompt_index is a ValueError naming the file and line."""
     if not path.is_file():
-        return 0
+        return []
     lines = path.read_text().split("\n")
     rows = []
-    for line in lines:
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            break                                              # a torn last line (the kill came mid-write)
-    if not rows:
-        path.write_text("")
+            if n == len(lines) and line.startswith("{"):
+                break                                          # a torn last line (the kill came mid-write)
+            raise ValueError(f"{path}:{n}: not a JSON row of grpo sample; fix or remove that line to --resume") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt_index"), int):
+            raise ValueError(f"{path}:{n}: a row without an integer prompt_index; fix or remove that line to --resume")
+        rows.append(row)
+    return rows
+
+
+def resume_point(path: Path) -> int:
+    """Prepare `path` for a resumed run: drop a torn last line and the rows of the last prompt present
+    (it may be incomplete; sampling it again writes the same rows); returns the prompt index to start
+    from (0 for a new file). An unreadable line is an error (:func:`read_rows`), never dropped."""
+    rows = read_rows(path)
+    if not path.is_file():
         return 0
-    last = rows[-1]["prompt_index"]
+    last = max((r["prompt_index"] for r in rows), default=0)
     kept = [r for r in rows if r["prompt_index"] < last]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp = path.with_name(f".{path.name}.resume.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
     return last
 
 

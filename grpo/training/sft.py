@@ -242,9 +242,17 @@ def _fmt(stats: dict) -> str:
     return "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: train the cold-start policy, save it, optionally evaluate on held-out problems."""
-    parser = argparse.ArgumentParser(
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block), exit code 2, as grpo's other commands."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def main(argv: list[str] | None = None, check_out=None) -> int:
+    """Command line: train the cold-start policy, save it, optionally evaluate on held-out problems.
+    `check_out(path)` (grpo sft passes one) refuses an --out it must not write to, before any work."""
+    parser = OneLineParser(
         prog="grpo sft",
         description="Cold-start SFT of a small character-level Qwen2 policy on arithmetic demonstrations "
         "that mix worked (<think>a+b=c,...</think>) and direct (<think></think>) solutions.",
@@ -268,6 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice; 1 is faster on a busy machine)")
     args = parser.parse_args(argv)
+    for flag, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
+                             ("--num-examples", args.num_examples, 1), ("--log-every", args.log_every, 1),
+                             ("--eval-n", args.eval_n, 0), ("--eval-samples", args.eval_samples, 1)):
+        if value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
+    if not args.lr > 0 or not 0 <= args.worked_fraction <= 1:
+        parser.error(f"--lr must be > 0 and --worked-fraction in [0, 1], got {args.lr} and {args.worked_fraction}")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if check_out is not None:
+        check_out(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     stats = run_sft(
