@@ -19,7 +19,6 @@ import yaml
 
 from grpo.config import Config, build_config, to_dict
 from grpo.health.figures import PANELS, alert_timeline, curve_panel, time_split
-from grpo.health.monitor import read_jsonl
 from grpo.state.metrics import ALERTS_FILE
 from grpo.state.resume_config import flat_config
 from grpo.state.samples import SAMPLES_FILE
@@ -71,6 +70,38 @@ def _replayed_alerts(records: list[dict[str, Any]], config: dict[str, Any] | Non
     return found
 
 
+#: Keys every record of a run file needs for the report (samples: what the samples table shows).
+NEEDED = {"metrics": ("step",), "alerts": ("step", "severity", "rule"),
+          "samples": ("step", "group", "kind", "prompt", "completion")}
+
+
+def read_records(path: Path, kind: str) -> list[dict[str, Any]]:
+    """The JSON-object lines of a run file (blank lines and an unterminated torn last line, a run writing
+    now, are passed over); any other line that is not an object with NEEDED[kind] and an integer step is
+    a ReportError naming the file and line."""
+    text = path.read_text()
+    lines = text.split("\n")
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if n == len(lines):                    # no newline after it: a record being written
+                break
+            raise ReportError(f"{path}:{n}: not valid JSON") from None
+        if not isinstance(rec, dict):
+            raise ReportError(f"{path}:{n}: a record must be a JSON object, got {type(rec).__name__}")
+        missing = [k for k in NEEDED[kind] if k not in rec]
+        if missing:
+            raise ReportError(f"{path}:{n}: a {kind} record without {', '.join(repr(k) for k in missing)}")
+        if isinstance(rec["step"], bool) or not isinstance(rec["step"], int):
+            raise ReportError(f"{path}:{n}: 'step' must be an integer, got {rec['step']!r}")
+        out.append(rec)
+    return out
+
+
 def load_run(path: str | Path) -> Run:
     """A run directory's files; a missing directory or metrics file is a ReportError naming it."""
     path = Path(path)
@@ -83,15 +114,12 @@ def load_run(path: str | Path) -> Run:
     metrics = path / metrics_name
     if not metrics.is_file():
         raise ReportError(f"{metrics}: no such file (is {path} a grpo run directory?)")
-    records = []
-    for n, line in enumerate(metrics.read_text().splitlines(), 1):
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            raise ReportError(f"{metrics}:{n}: not valid JSON") from None
-    alerts = read_jsonl(path / ALERTS_FILE) if (path / ALERTS_FILE).is_file() else _replayed_alerts(records, config)
+    records = read_records(metrics, "metrics")
+    alerts = (read_records(path / ALERTS_FILE, "alerts") if (path / ALERTS_FILE).is_file()
+              else _replayed_alerts(records, config))
     summary = _json_file(path / "summary.json") if (path / "summary.json").is_file() else None
-    return Run(path.name or str(path), path, records, alerts, read_jsonl(path / SAMPLES_FILE), config, summary)
+    samples = read_records(path / SAMPLES_FILE, "samples") if (path / SAMPLES_FILE).is_file() else []
+    return Run(path.name or str(path), path, records, alerts, samples, config, summary)
 
 
 def _img(png: bytes | None, alt: str, lines: list[str] | None = None) -> str:
@@ -140,10 +168,15 @@ def pick_steps(samples: list[dict[str, Any]], wanted: list[int] | None) -> list[
     return sorted({steps[0], steps[len(steps) // 2], steps[-1]}) if steps else []
 
 
+def _text(value: Any) -> str:
+    """A prompt or completion as text (chat messages as JSON)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def _samples_html(run: Run, steps: list[int]) -> str:
     parts = []
     for step in pick_steps(run.samples, steps):
-        rows = [[s["group"], s["kind"], f"<pre>{html.escape(s['prompt'])}</pre>", f"<pre>{html.escape(s['completion'])}</pre>",
+        rows = [[s["group"], s["kind"], f"<pre>{html.escape(_text(s['prompt']))}</pre>", f"<pre>{html.escape(_text(s['completion']))}</pre>",
                  _fmt(s.get("total")), _fmt(s.get("rewards")), _fmt(s.get("advantage"))]
                 for s in run.samples if s["step"] == step]
         parts.append(f"<h4>{html.escape(run.name)}, step {step}</h4>" + _table(
@@ -214,9 +247,23 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
     if len({r.name for r in runs}) < len(runs):                   # a/run and b/run: tell them apart
         for r in runs:
             r.name = str(r.path)
+    shown = {s["step"] for r in runs for s in r.samples}
+    absent = [s for s in sample_steps or [] if s not in shown]
+    if absent:
+        raise ReportError(f"--sample-steps: no samples of step {', '.join(map(str, absent))} in "
+                          f"{', '.join(str(r.path / SAMPLES_FILE) for r in runs)} (steps with samples: "
+                          f"{', '.join(map(str, sorted(shown))) or 'none'})")
     path = Path(out) if out else runs[0].path / REPORT_FILE
+    if path.is_dir():
+        raise ReportError(f"--out {path} is a directory: name the HTML file to write")
+    if not path.parent.is_dir():
+        raise ReportError(f"--out {path}: {path.parent} is not a directory")
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(runs, sample_steps))
-    tmp.replace(path)
+    try:
+        tmp.write_text(render(runs, sample_steps))
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ReportError(f"--out {path}: cannot write it ({e.strerror or e})") from None
     return path
 

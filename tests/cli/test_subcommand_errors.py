@@ -36,7 +36,8 @@ def make_run(directory: Path) -> Path:
     (directory / "checkpoint-1" / "trainer_state.json").write_text(json.dumps({"step": 1}))
     (directory / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/total/mean": 0.5}) + "\n")
     (directory / "config.yaml").write_text("train:\n  max_steps: 1\n")
-    (directory / "samples.jsonl").write_text(json.dumps({"step": 1, "group": 0, "completion": "x"}) + "\n")
+    (directory / "samples.jsonl").write_text(json.dumps({"step": 1, "group": 0, "kind": "best", "prompt": "1+1=",
+                                                                 "completion": "2"}) + "\n")
     return directory
 
 
@@ -259,3 +260,40 @@ def test_reward_model_flags_are_checked_before_loading(world, tmp_path, capsys, 
     assert reward_model(world, tmp_path / "rm", *extra) == 2
     one_line_error(capsys, needle)
     assert not (tmp_path / "rm").exists()
+
+
+# --- B / C / D: grpo report -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, line, needles", [
+    ("metrics.jsonl", "[1, 2]", ["metrics.jsonl:2", "JSON object"]),
+    ("metrics.jsonl", '{"loss": 1}', ["metrics.jsonl:2", "'step'"]),
+    ("samples.jsonl", '{"step": 1, "kind": "best", "prompt": "p", "completion": "c"}', ["samples.jsonl:2", "'group'"]),
+    ("samples.jsonl", "not json", ["samples.jsonl:2", "not valid JSON"]),
+])
+def test_report_names_the_file_and_line_of_a_bad_record(tmp_path, capsys, name, line, needles):
+    run = make_run(tmp_path / "run")
+    with (run / name).open("a") as fh:
+        fh.write(line + "\n")
+    assert main(["report", str(run)]) == 2
+    one_line_error(capsys, str(run / name).rsplit(":", 1)[0], *needles)
+    assert not (run / "report.html").exists()
+
+
+def test_report_out_and_sample_steps_errors_name_the_flag(tmp_path, world, capsys):
+    run = make_run(tmp_path / "run")
+    for out in (world["afile"] / "x.html", tmp_path / "nonexistent_dir" / "x.html"):
+        assert main(["report", str(run), "--out", str(out)]) == 2
+        msg = one_line_error(capsys, "--out", str(out))
+        assert ".tmp" not in msg
+    assert main(["report", str(run), "--sample-steps", "999"]) == 2
+    one_line_error(capsys, "--sample-steps", "999", "steps with samples: 1")
+    assert main(["report", str(run), "--sample-steps", "1"]) == 0
+    assert (run / "report.html").is_file()
+
+
+def test_report_reads_an_eval_out_refused_as_before(world, tmp_path, capsys):
+    """A3's end: grpo eval no longer writes its rows into a run, so the run's report still renders."""
+    run = make_run(tmp_path / "run")
+    assert main(["eval", "--model", str(world["micro"]), "--out", str(run), "--problems", "2"]) == 2
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 0
