@@ -83,6 +83,18 @@ def load_checkpoint(checkpoint_dir: str | Path, dtype: str | None = None):
     checkpoint's own, or the base model's when an adapter checkpoint has none.
     """
     directory = Path(checkpoint_dir)
+    try:
+        return _load_checkpoint(directory, dtype)
+    except (ValueError, OSError):
+        raise                                          # already one line naming the file
+    except Exception as e:                             # SafetensorError (truncated weights), a torch unpickling error...
+        first = (str(e).strip().splitlines() or [""])[0]
+        files = sorted(p.name for p in directory.iterdir() if p.suffix in (".safetensors", ".bin"))
+        raise ValueError(f"cannot load the model in {directory}: its weights ({', '.join(files) or 'none found'}) "
+                         f"are unreadable ({type(e).__name__}: {first})") from e
+
+
+def _load_checkpoint(directory: Path, dtype: str | None):
     if checkpoint_kind(directory) == "full":
         return load_policy(directory, dtype or stored_dtype(directory))
     from peft import PeftModel

@@ -297,3 +297,19 @@ def test_report_reads_an_eval_out_refused_as_before(world, tmp_path, capsys):
     assert main(["eval", "--model", str(world["micro"]), "--out", str(run), "--problems", "2"]) == 2
     capsys.readouterr()
     assert main(["report", str(run)]) == 0
+
+
+# --- B: grpo export / eval of a model directory with truncated weights ----------------------------------
+
+def test_truncated_weights_are_one_line_naming_the_directory(world, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(world["micro"], bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert main(["export", str(bad), str(tmp_path / "e")]) == 2
+    one_line_error(capsys, str(bad), "model.safetensors", "unreadable")
+    assert not (tmp_path / "e").exists()
+    assert main(["eval", "--model", str(bad), "--problems", "1"]) == 2
+    one_line_error(capsys, str(bad), "model.safetensors")
