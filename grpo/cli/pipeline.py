@@ -12,8 +12,10 @@ Kinds and their outputs: ``sft`` (grpo sft --dataset) and ``grpo`` (grpo train):
 ``reward_model`` (grpo reward-model): the reward model directory. ``args`` become flags (``key: v`` ->
 ``--key v``; a list repeats the flag; ``true`` is a bare flag, except for ``section.key`` config keys,
 which get ``true`` / ``false``). ``pipeline.json`` in output_dir records
-each stage (running / done, its output): a rerun skips finished stages and resumes an interrupted sft,
-grpo or sample stage from its checkpoint. At the end, every eval stage's summary is printed as a table,
+each stage (running / done, its output, its kind and args): a rerun skips finished stages and resumes an
+interrupted sft, grpo or sample stage from its checkpoint; a stage whose kind or args changed is run again
+with every stage after it (their old directories kept as <name>.replaced-N). Unknown keys and references
+other than ``${stage.output}`` to an earlier stage are errors before any stage runs. At the end, every eval stage's summary is printed as a table,
 and, when eval stages measure several models on several domains (``task:`` or ``dataset:``), a table of
 pass@1 with one row per model and one column per domain.
 
@@ -42,6 +44,9 @@ KINDS = (*COMMANDS, "task_data", "merge")
 OUTPUT_FLAG = {"sft": "--output-dir", "grpo": "--output-dir", "sample": "--out", "eval": "--out",
                "reward_model": "--out"}
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_-]+)\.output\}")
+ANY_REFERENCE = re.compile(r"\$\{[^}]*\}?")
+RECIPE_KEYS = ("output_dir", "stages")
+STAGE_KEYS = ("name", "kind", "args")
 
 
 def add_parser(sub) -> None:
@@ -68,7 +73,14 @@ def load_recipe(path: Path) -> tuple[Path, list[dict[str, Any]]]:
 def check_recipe(recipe: dict[str, Any], path: str) -> tuple[Path, list[dict[str, Any]]]:
     """(output_dir, stages) of a recipe, checked: names unique, kinds known, references to earlier stages only."""
     from grpo.config import ConfigError
+    from grpo.config.build import did_you_mean
 
+    if not isinstance(recipe, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping with {' and '.join(RECIPE_KEYS)}")
+    for key in recipe:
+        if key not in RECIPE_KEYS:
+            raise ConfigError(f"{path}: unknown key '{key}'{did_you_mean(str(key), list(RECIPE_KEYS))}; "
+                              f"a recipe has {', '.join(RECIPE_KEYS)}")
     stages = recipe.get("stages")
     if not isinstance(stages, list) or not stages:
         raise ConfigError(f"{path}: 'stages' must be a non-empty list")
@@ -78,6 +90,10 @@ def check_recipe(recipe: dict[str, Any], path: str) -> tuple[Path, list[dict[str
         where = f"{path}: stage {i + 1}" + (f" '{name}'" if name else "")
         if not name or not isinstance(name, str):
             raise ConfigError(f"{where}: needs a 'name'")
+        for key in stage:
+            if key not in STAGE_KEYS:
+                raise ConfigError(f"{where}: unknown key '{key}'{did_you_mean(str(key), list(STAGE_KEYS))}; "
+                                  f"a stage has {', '.join(STAGE_KEYS)}")
         if name in seen:
             raise ConfigError(f"{where}: the name is used twice")
         if stage.get("kind") not in KINDS:
@@ -85,9 +101,14 @@ def check_recipe(recipe: dict[str, Any], path: str) -> tuple[Path, list[dict[str
         args = stage.get("args") or {}
         if not isinstance(args, dict):
             raise ConfigError(f"{where}: 'args' must be a mapping of flags")
-        for ref in REFERENCE.findall(yaml.safe_dump(args)):
-            if ref not in seen:
-                raise ConfigError(f"{where}: refers to '{ref}', which is not an earlier stage")
+        for ref in ANY_REFERENCE.findall(json.dumps(args)):
+            known = REFERENCE.fullmatch(ref)
+            if not known:
+                raise ConfigError(f"{where}: '{ref}' is not a reference: write ${{STAGE.output}}, STAGE an earlier "
+                                  f"stage ({', '.join(seen) or 'none before this one'})")
+            if known.group(1) not in seen:
+                raise ConfigError(f"{where}: refers to '{known.group(1)}', which is not an earlier stage"
+                                  f"{did_you_mean(known.group(1), seen)}")
         seen.append(name)
     return Path(recipe.get("output_dir") or "runs/pipeline"), stages
 
@@ -154,6 +175,8 @@ def cmd_pipeline(args: argparse.Namespace, extra: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     status_file = out / "pipeline.json"
     status = json.loads(status_file.read_text()) if status_file.is_file() else {"stages": {}}
+    rerun_changed(out, stages, status)
+    status_file.write_text(json.dumps(status, indent=1))
     outputs = {n: s["output"] for n, s in status["stages"].items() if s.get("status") == "done"}
     for stage in stages:
         name, kind = stage["name"], stage["kind"]
@@ -166,14 +189,14 @@ def cmd_pipeline(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"pipeline: stage {name} ({kind})", flush=True)
             run_local(fill(stage.get("args") or {}, outputs), where / file_name)
             outputs[name] = str(where / file_name)
-            status["stages"][name] = {"kind": kind, "status": "done", "output": outputs[name]}
+            status["stages"][name] = {"kind": kind, "status": "done", "output": outputs[name], "spec": spec(stage)}
             status_file.write_text(json.dumps(status, indent=1))
             continue
         resuming = status["stages"].get(name, {}).get("status") == "running" and kind in ("sft", "grpo", "sample")
         target = str(where / "samples.jsonl") if kind == "sample" else str(where)
         argv = [COMMANDS[kind], *flags(stage.get("args") or {}, outputs), OUTPUT_FLAG[kind], target]
         argv += ["--resume"] if resuming else []
-        status["stages"][name] = {"kind": kind, "status": "running", "argv": argv}
+        status["stages"][name] = {"kind": kind, "status": "running", "argv": argv, "spec": spec(stage)}
         status_file.write_text(json.dumps(status, indent=1))
         print(f"pipeline: stage {name} ({kind}){' resumed' if resuming else ''}: grpo {' '.join(argv)}", flush=True)
         code = main(argv)
@@ -189,6 +212,36 @@ def cmd_pipeline(args: argparse.Namespace, extra: list[str]) -> int:
         print(table)
         (out / "domains.md").write_text(table + "\n")
     return 0
+
+
+def spec(stage: dict[str, Any]) -> dict[str, Any]:
+    """What decides a stage's result (its kind and args as written, references unfilled), as pipeline.json
+    records it."""
+    return json.loads(json.dumps({"kind": stage["kind"], "args": stage.get("args") or {}}, sort_keys=True))
+
+
+def rerun_changed(out: Path, stages: list[dict[str, Any]], status: dict[str, Any]) -> None:
+    """A stage whose kind or args changed since pipeline.json recorded it is run again, and so is every stage
+    after it (they may use its output): their records are dropped and their directories kept aside as
+    <name>.replaced-N (nothing is deleted)."""
+    recorded = status["stages"]
+    changed = next((i for i, st in enumerate(stages) if st["name"] in recorded
+                    and recorded[st["name"]].get("spec", spec(st)) != spec(st)), None)
+    if changed is None:
+        return
+    later = [st["name"] for st in stages[changed:] if st["name"] in recorded]
+    print(f"pipeline: stage {stages[changed]['name']} changed in the recipe since its last run: running it again"
+          + (f", and {', '.join(later[1:])} after it" if len(later) > 1 else ""), flush=True)
+    for name in later:
+        del recorded[name]
+        where = out / name
+        if where.exists():
+            n = 1
+            while where.with_name(f"{name}.replaced-{n}").exists():
+                n += 1
+            where.rename(where.with_name(f"{name}.replaced-{n}"))
+            print(f"pipeline: the earlier results of {name} are kept in {where.with_name(f'{name}.replaced-{n}')}",
+                  flush=True)
 
 
 def eval_table(out: Path, stages: list[dict[str, Any]]) -> str:

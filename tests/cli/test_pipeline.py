@@ -98,7 +98,8 @@ def test_task_data_and_merge_stages_write_jsonl_without_a_model(tmp_path, capsys
     key = lambda r: json.dumps(r, sort_keys=True)                              # noqa: E731
     assert sorted(map(key, merged)) == sorted(map(key, arith + rows))          # ... and nothing lost
     status = json.loads((run / "pipeline.json").read_text())["stages"]
-    assert status["mix"] == {"kind": "merge", "status": "done", "output": str(run / "mix" / "merged.jsonl")}
+    assert status["mix"] == {"kind": "merge", "status": "done", "output": str(run / "mix" / "merged.jsonl"),
+                             "spec": {"kind": "merge", "args": {"inputs": ["${a.output}", "${s.output}"], "seed": 1}}}
 
 
 def test_the_domain_table_puts_each_model_on_a_row_and_each_domain_in_a_column(tmp_path):

@@ -313,3 +313,62 @@ def test_truncated_weights_are_one_line_naming_the_directory(world, tmp_path, ca
     assert not (tmp_path / "e").exists()
     assert main(["eval", "--model", str(bad), "--problems", "1"]) == 2
     one_line_error(capsys, str(bad), "model.safetensors")
+
+
+# --- A8 / D: grpo pipeline ------------------------------------------------------------------------------
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("recipe, needles", [
+    ({"output_dri": "o", "stages": [{"name": "a", "kind": "task_data", "args": {"task": "arithmetic"}}]},
+     ["unknown key 'output_dri'", "did you mean 'output_dir'"]),
+    ({"stages": [{"name": "a", "kind": "task_data", "argz": {"task": "arithmetic"}}]},
+     ["stage 1 'a'", "unknown key 'argz'", "did you mean 'args'"]),
+    ({"stages": [{"name": "a", "kind": "task_data", "args": {"task": "arithmetic"}, "extra_field": 1}]},
+     ["unknown key 'extra_field'"]),
+    ({"stages": [{"name": "a", "kind": "task_data", "args": {"task": "arithmetic", "rows": 2}},
+                 {"name": "b", "kind": "merge", "args": {"inputs": ["${a.outptu}"]}}]},
+     ["stage 2 'b'", "'${a.outptu}' is not a reference", "${STAGE.output}"]),
+    ({"stages": [{"name": "alpha", "kind": "task_data", "args": {"task": "arithmetic", "rows": 2}},
+                 {"name": "b", "kind": "merge", "args": {"inputs": ["${alpah.output}"]}}]},
+     ["refers to 'alpah'", "did you mean 'alpha'"]),
+])
+def test_a_bad_recipe_fails_before_any_stage_runs(tmp_path, capsys, recipe, needles):
+    out = tmp_path / "o"
+    path = write_recipe(tmp_path / "r.yaml", {"output_dir": str(out), **recipe} if "output_dri" not in recipe
+                        else recipe)
+    assert main(["pipeline", str(path)]) == 2
+    one_line_error(capsys, str(path), *needles)
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_pipeline_reruns_a_changed_stage_and_the_ones_after_it(world, tmp_path, capsys):
+    out = tmp_path / "o"
+    stages = [{"name": "data", "kind": "task_data", "args": {"task": "arithmetic", "rows": 3}},
+              {"name": "mix", "kind": "merge", "args": {"inputs": ["${data.output}"]}},
+              {"name": "test", "kind": "eval", "args": {"model": str(world["micro"]), "problems": 2,
+                                                         "max-new-tokens": 2}}]
+    path = write_recipe(tmp_path / "r.yaml", {"output_dir": str(out), "stages": stages})
+    assert main(["pipeline", str(path)]) == 0
+    assert len((out / "mix" / "merged.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    stages[0]["args"]["rows"] = 5                                         # edit the first stage
+    write_recipe(path, {"output_dir": str(out), "stages": stages})
+    assert main(["pipeline", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "stage data changed in the recipe" in printed and "done, skipped" not in printed
+    assert len((out / "mix" / "merged.jsonl").read_text().splitlines()) == 5
+    assert len((out / "mix.replaced-1" / "merged.jsonl").read_text().splitlines()) == 3    # kept, not deleted
+    stages[2]["args"]["problems"] = 3                                     # edit only the last stage
+    write_recipe(path, {"output_dir": str(out), "stages": stages})
+    assert main(["pipeline", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("done, skipped") == 2 and "stage test changed" in printed
+    assert json.loads((out / "test" / "summary.json").read_text())["problems"] == 3
+    assert main(["pipeline", str(path)]) == 0
+    assert capsys.readouterr().out.count("done, skipped") == 3
