@@ -37,7 +37,7 @@ def training_run(path: str | Path) -> str | None:
         return f"{LOCK_FILE}: a run may be writing there"
     checkpoints = list_checkpoints(out)
     if checkpoints:
-        return f"checkpoint {checkpoints[-1].name}"
+        return f"newest checkpoint: {checkpoints[-1].name}"
     found = [name for name in RUN_MARKERS if (out / name).is_file()]
     return ", ".join(found) if found else None
 

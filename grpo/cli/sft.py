@@ -36,12 +36,17 @@ def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
                        {**parse_overrides(rest), **{k: v for k, v in flags.items() if v is not None}})
     if not cfg.data.dataset:
         raise ConfigError("grpo sft: data.dataset (--dataset) names no file")
+    if cfg.train.max_steps < 1:
+        raise ConfigError(f"grpo sft: train.max_steps (--max-steps) must be >= 1, got {cfg.train.max_steps}")
     records = load_records(cfg.data.dataset, cfg.data.split, cfg.data.skip_bad_rows)
     rename_columns(records, dict(cfg.data.column_map))
     runtime = build_runtime(cfg)
     runtime.prepare_process()
     model, tokenizer = resolve_model(cfg.model.path or None, None, cfg, runtime)
     result = run_finetune(cfg, model, tokenizer, records.rows)
+    if result["first_loss"] != result["first_loss"]:                 # resumed at train.max_steps: nothing to do
+        print(f"grpo sft: already at step {result['steps']} of {cfg.train.max_steps}; checkpoint: {result['checkpoint']}")
+        return 0
     print(f"grpo sft: {result['steps']} steps, loss {result['first_loss']:.4f} -> {result['final_loss']:.4f}; "
           f"checkpoint: {result['checkpoint']}")
     return 0

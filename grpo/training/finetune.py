@@ -125,7 +125,7 @@ def sft_checkpoints(out: Path, cfg: Config) -> list[Path]:
     if (out / "config.yaml").is_file():
         other.append("config.yaml")
     if other and not tc.overwrite_output_dir:
-        raise ConfigError(f"train.output_dir {out} holds another kind of run (a GRPO run: {other[-1]}), not an SFT "
+        raise ConfigError(f"train.output_dir {out} holds another kind of run (a GRPO run: {other[0]}), not an SFT "
                           f"run: choose another --output-dir")
     held = previous_run(out, cfg)
     if tc.overwrite_output_dir:
@@ -149,6 +149,11 @@ def _run(cfg: Config, model, tokenizer, pairs: list[tuple[list[int], list[int]]]
     start = 0
     if done:
         ckpt = done[-1] if tc.resume == "auto" else Path(tc.resume)
+        step = int(ckpt.name.split("-")[1])
+        if step > tc.max_steps:
+            raise ConfigError(f"{ckpt} is at step {step}, past train.max_steps={tc.max_steps} (--max-steps)")
+        if step == tc.max_steps:                                   # finished already: nothing to redo
+            return {"steps": step, "first_loss": float("nan"), "final_loss": float("nan"), "checkpoint": ckpt}
         verify_checkpoint(ckpt)
         load_policy_weights(model, ckpt)
         saved = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")

@@ -372,3 +372,17 @@ def test_pipeline_reruns_a_changed_stage_and_the_ones_after_it(world, tmp_path, 
     assert json.loads((out / "test" / "summary.json").read_text())["problems"] == 3
     assert main(["pipeline", str(path)]) == 0
     assert capsys.readouterr().out.count("done, skipped") == 3
+
+
+def test_sft_max_steps_zero_and_resume_past_the_end(world, tmp_path, capsys):
+    out = tmp_path / "sft"
+    assert sft(world, out, "--max-steps", "0") == 2
+    one_line_error(capsys, "--max-steps", "must be >= 1")
+    assert not out.exists()
+    assert sft(world, out, "--max-steps", "2") == 0
+    before = digest(out)
+    assert sft(world, out, "--max-steps", "1", "--resume") == 2
+    one_line_error(capsys, "checkpoint-2 is at step 2", "--max-steps")
+    assert sft(world, out, "--max-steps", "2", "--resume") == 0
+    assert "already at step 2 of 2" in capsys.readouterr().out
+    assert digest(out) == before
