@@ -61,8 +61,10 @@ Weights and other reward/data keys come from --config and --section.key VALUE op
 def parse_overrides(tokens: list[str], trl: bool = False) -> dict[str, Any]:
     """['--a.b', '1', '--c.d=x'] -> {'a.b': 1, 'c.d': 'x'}; anything else is an error. With `trl`, TRL
     GRPOConfig names are taken too (`--learning_rate 1e-6`, `--num-generations 8`; a bare `--use_peft` is
-    true), under their TRL name, for grpo.config.trl to map."""
+    true, `--no_shuffle_dataset` false; a list key takes several values: `--reward_funcs a b`), under their
+    TRL name, for grpo.config.trl to map; their values are checked here (errors name the flag as written)."""
     from grpo.config.trl import TRL_KEYS, is_trl_key
+    from grpo.config.trl_values import BOOL_KEYS, LIST_KEYS, NEGATABLE, STR_KEYS, check_value
 
     out: dict[str, Any] = {}
     i = 0
@@ -70,24 +72,50 @@ def parse_overrides(tokens: list[str], trl: bool = False) -> dict[str, Any]:
         tok = tokens[i]
         key, eq, value = tok[2:].partition("=")
         name = key.replace("-", "_")
-        is_trl = tok.startswith("--") and "." not in key and is_trl_key(name)
+        negated = name.startswith("no_") and name[3:] in NEGATABLE and not eq
+        is_trl = tok.startswith("--") and "." not in key and (is_trl_key(name) or negated)
         if is_trl and trl:
-            key = name
-            if not eq and (i + 1 >= len(tokens) or tokens[i + 1].startswith("--")):
-                eq, value = "=", "true"                            # a bare TRL flag: --use_peft, --bf16
-        elif not tok.startswith("--") or "." not in tok:
+            flag, key = tok.partition("=")[0], name
+            following = []
+            while not eq and i + 1 + len(following) < len(tokens) and not tokens[i + 1 + len(following)].startswith("--"):
+                following.append(tokens[i + 1 + len(following)])
+                if name not in LIST_KEYS:
+                    break                                          # one value; a list key takes them all (nargs +)
+            i += len(following)
+            if negated:
+                if following:
+                    raise ConfigError(f"TRL flag {flag} takes no value, got '{following[0]}'")
+                key, parsed = name[3:], False
+            elif not eq and not following:
+                if name not in BOOL_KEYS:
+                    raise ConfigError(f"TRL flag {flag} needs a value")
+                parsed = True                                      # a bare TRL flag: --use_peft, --bf16
+            else:
+                texts = following or [value]
+                raw = name in STR_KEYS or (LIST_KEYS.get(name) is str and not texts[0].startswith("["))
+                parsed = [t if raw else _yaml_value(t) for t in texts]       # a run name "yes" stays "yes"
+                parsed = parsed[0] if len(parsed) == 1 else parsed
+            out[key] = check_value(key, parsed, f"TRL flag {flag}")
+            i += 1
+            continue
+        if not tok.startswith("--") or "." not in tok:
             hint = f"; TRL's {name} is --{TRL_KEYS[name][0]} here" if is_trl and name in TRL_KEYS else ""
             raise ConfigError(f"unrecognised argument '{tok}' (config keys are given as --section.key VALUE{hint})")
         if not eq:
             if i + 1 >= len(tokens):
                 raise ConfigError(f"config key '{key}' needs a value")
             value, i = tokens[i + 1], i + 1
-        try:
-            out[key] = yaml.safe_load(value) if value != "" else None
-        except yaml.YAMLError:
-            out[key] = value
+        out[key] = _yaml_value(value)
         i += 1
     return out
+
+
+def _yaml_value(text: str) -> Any:
+    """A command-line value read as YAML (an empty one is None; unparsable YAML is the text itself)."""
+    try:
+        return yaml.safe_load(text) if text != "" else None
+    except yaml.YAMLError:
+        return text
 
 
 def config_from_args(args: argparse.Namespace, extra: list[str]):
@@ -96,14 +124,31 @@ def config_from_args(args: argparse.Namespace, extra: list[str]):
     a TRL name; the TRL keys are mapped together (grpo.config.trl), so batch keys combine across both."""
     from grpo.api.inputs import resolve_config
 
-    given = {**(load_yaml(args.config) if args.config else {}), **parse_overrides(extra, trl=True)}
-    overrides = {k: given.pop(k) for k in [k for k in given if "." in k]}
+    given, overrides = read_given(args.config, extra)
     for flag, key in FLAG_KEYS.items():
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
     if args.reward:
         overrides["reward.functions"] = args.reward
     return resolve_config(given, overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def read_given(config: str | None, extra: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """--config FILE's keys (its TRL keys known and their values checked: errors name the file) and the extra
+    options (TRL flags too), flags over the file, as (sections and TRL keys, `section.key` overrides)."""
+    from grpo.api.inputs import split_keys
+    from grpo.config.trl import check_known
+    from grpo.config.trl_values import check_values
+
+    given = load_yaml(config) if config else {}
+    trl_keys = split_keys(given)[2]
+    try:
+        check_known(trl_keys)
+        given.update(check_values(trl_keys))
+    except ConfigError as e:
+        raise ConfigError(f"{config}: {e}") from None
+    given.update(parse_overrides(extra, trl=True))
+    return given, {k: given.pop(k) for k in [k for k in given if "." in k]}
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
@@ -181,7 +226,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_rewards_check(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.cli.rewards_check import check_config, run_check
 
-    cfg = check_config(args.config, args.reward, args.dataset, args.reward_errors, parse_overrides(extra))
+    cfg = check_config(args.config, args.reward, args.dataset, args.reward_errors, extra)
     print(run_check(cfg, args.completions))
     return 0
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import Config, build_config, load_yaml
+from grpo.config import Config
 from grpo.data.datasets_io import DataError, read_dataset, scan_jsonl
 from grpo.rewards import RewardError, load_reward, score
 from grpo.rewards.text import chat_completions
@@ -38,11 +38,15 @@ class CompletionSet:
 
 
 def check_config(config: str | None, rewards: list[str] | None, dataset: str | None, reward_errors: str | None,
-                 overrides: dict[str, Any]) -> Config:
-    """The config the check uses: defaults < --config < --section.key < the command's own flags."""
+                 extra: list[str]) -> Config:
+    """The config the check uses, read as `grpo train` reads it (a `trl grpo` recipe too): defaults < --config
+    < TRL names < --section.key < the command's own flags."""
+    from grpo.api.inputs import resolve_config
+    from grpo.cli.main import read_given
+
+    given, overrides = read_given(config, extra)
     flags = {"reward.functions": rewards, "data.dataset": dataset, "reward.reward_errors": reward_errors}
-    return build_config(load_yaml(config) if config else {},
-                        {**overrides, **{k: v for k, v in flags.items() if v is not None}})
+    return resolve_config(given, {**overrides, **{k: v for k, v in flags.items() if v is not None}})
 
 
 def dataset_rows(cfg: Config) -> list[dict[str, Any]] | None:

@@ -14,9 +14,11 @@ TRL run).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from grpo.config import ConfigError
+from grpo.config.trl_values import IF_DEFAULT, check_values
 
 
 def _same(value: Any) -> Any:
@@ -47,9 +49,8 @@ def _dtype(value: Any) -> str:
 
 
 def _report_to(value: Any) -> list[str]:
-    if value in (None, "none", []):
-        return []
-    return [value] if isinstance(value, str) else list(value)
+    names = [value] if isinstance(value, str) else list(value or [])
+    return [v for v in names if v != "none"]
 
 
 #: TRL key -> (our key, value conversion).
@@ -59,7 +60,6 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "adam_beta1": ("optim.adam_beta1", _same),
     "adam_beta2": ("optim.adam_beta2", _same),
     "max_grad_norm": ("optim.max_grad_norm", _same),
-    "warmup_steps": ("optim.warmup_steps", _same),
     "lr_scheduler_type": ("optim.lr_scheduler", _lr_scheduler),
     "num_generations": ("rollout.num_generations", _same),
     "max_completion_length": ("rollout.max_new_tokens", _same),
@@ -97,6 +97,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "save_total_limit": ("train.save_total_limit", lambda v: 0 if v is None else v),
     "gradient_checkpointing": ("train.gradient_checkpointing", _same),
     "disable_dropout": ("train.disable_dropout", _same),
+    "overwrite_output_dir": ("train.overwrite_output_dir", _same),
     "entropy_coef": ("algorithm.entropy_coef", _same),
     "use_adaptive_entropy": ("algorithm.entropy_control", lambda v: "adaptive" if v else "fixed"),
     "entropy_target": ("algorithm.entropy_target", _same),
@@ -130,6 +131,8 @@ BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "ste
               "generation_batch_size")
 #: TRL counts optimizer updates; we count generation batches of num_iterations x mini_batches updates each.
 STEP_KEYS = ("max_steps", "save_steps", "eval_steps", "save_strategy", "eval_strategy")
+#: Warm-up: warmup_steps (a fraction of max_steps when < 1, as in transformers) or the older warmup_ratio.
+WARMUP_KEYS = ("warmup_steps", "warmup_ratio")
 #: TRL's reference refresh: sync_ref_model turns it on, every ref_model_sync_steps with mixup alpha.
 REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")
 #: TRL defaults used when only some of the combined keys are given.
@@ -168,7 +171,7 @@ NO_EFFECT = {
 }
 
 ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(STEP_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
-            | set(NO_EFFECT) | {"loss_type", "multi_objective_aggregation", "model_init_kwargs",
+            | set(NO_EFFECT) | set(IF_DEFAULT) | set(WARMUP_KEYS) | {"loss_type", "multi_objective_aggregation", "model_init_kwargs",
                                 "vllm_importance_sampling_correction", "generation_kwargs"})
 
 
@@ -232,13 +235,46 @@ def _steps(trl: dict[str, Any], world_size: int) -> dict[str, Any]:
             raise ConfigError("TRL key eval_strategy: steps needs eval_steps here (TRL would use logging_steps)")
     for key in ("max_steps", "save_steps", "eval_steps"):
         if key in trl and f"train.{key}" not in out and trl[key] is not None:
-            value = int(trl[key])
+            value = _whole_steps(trl, key)
             if value % per_generation:
                 raise ConfigError(f"TRL key {key}={value} counts optimizer updates, {per_generation} per generation "
                                   f"batch here (num_iterations x steps_per_generation / gradient_accumulation_steps): "
                                   f"give a multiple of {per_generation}")
             out[f"train.{key}"] = value // per_generation
     return out
+
+
+def _whole_steps(trl: dict[str, Any], key: str) -> int:
+    """TRL's save_steps / eval_steps (a fraction of max_steps when < 1, as transformers reads them) as updates."""
+    value = trl[key]
+    if value < 0:
+        raise ConfigError(f"TRL key '{key}' must be >= 0, got {value}")
+    if 0 < value < 1:
+        if not trl.get("max_steps"):
+            raise ConfigError(f"TRL key '{key}'={value} is a fraction of max_steps: give max_steps, or whole steps")
+        return math.ceil(trl["max_steps"] * value)
+    if value != int(value):
+        raise ConfigError(f"TRL key '{key}' expects whole steps (or a fraction below 1), got {value}")
+    return int(value)
+
+
+def _warmup(trl: dict[str, Any]) -> dict[str, Any]:
+    """warmup_steps (>= 1: optimizer updates, as optim.warmup_steps counts them; below 1: a fraction of max_steps,
+    as transformers reads it) or the older warmup_ratio (a fraction); warmup_steps > 0 wins, as in TRL."""
+    steps, ratio = trl.get("warmup_steps"), trl.get("warmup_ratio")
+    if steps is not None and (steps >= 1 or (steps == 0 and not ratio)):
+        if steps != int(steps):
+            raise ConfigError(f"TRL key 'warmup_steps' expects whole steps (or a fraction below 1), got {steps}")
+        return {"optim.warmup_steps": int(steps)}
+    key, fraction = ("warmup_steps", steps) if steps else ("warmup_ratio", ratio)
+    if fraction is None:
+        return {}
+    if not 0 <= fraction <= 1:
+        raise ConfigError(f"TRL key '{key}' must be >= 0 (below 1: a fraction of max_steps), got {fraction}")
+    if fraction and not trl.get("max_steps"):
+        raise ConfigError(f"TRL key '{key}'={fraction} is a fraction of max_steps: give max_steps, or warmup_steps "
+                          f"as a number of steps")
+    return {"optim.warmup_steps": math.ceil(trl.get("max_steps", 0) * fraction)}
 
 
 def _ref_sync(trl: dict[str, Any]) -> dict[str, Any]:
@@ -326,14 +362,12 @@ def _precision(trl: dict[str, Any]) -> dict[str, Any]:
     on = [PRECISION_KEYS[k] for k in PRECISION_KEYS if trl.get(k)]
     if len(on) > 1:
         raise ConfigError("TRL keys bf16 and fp16 are both true: choose one")
-    return {"train.precision": on[0]} if on else ({"train.precision": "fp32"} if any(k in trl for k in PRECISION_KEYS)
-                                                 else {})
+    given = any(trl.get(k) is not None for k in PRECISION_KEYS)        # bf16: null is TRL's "auto"
+    return {"train.precision": on[0]} if on else ({"train.precision": "fp32"} if given else {})
 
 
-def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], list[str]]:
-    """Our `section.key` overrides for a flat dict of TRL GRPOConfig keys, and one `trl_key -> our.key`
-    line per key (what was mapped, or ignored: :data:`NO_EFFECT`). Keys with no equivalent raise one
-    ConfigError naming them all, each with the closest TRL key or section when one is near."""
+def check_known(trl: dict[str, Any]) -> None:
+    """One ConfigError naming every key of `trl` that is no TRL key mapped here (with the closest one)."""
     unknown = [k for k in trl if k not in ALL_KEYS]
     if unknown:
         from grpo.config.build import did_you_mean
@@ -343,17 +377,32 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
         raise ConfigError(f"{'key' if len(unknown) == 1 else 'keys'} {named}: no TRL key grpo maps, nor one of its "
                           f"sections (docs/migrating-from-trl.md lists the mapped TRL keys; our own keys are "
                           f"given as section.key)")
+
+
+def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], list[str]]:
+    """Our `section.key` overrides for a flat dict of TRL GRPOConfig keys, and one `trl_key -> our.key`
+    line per key (what was mapped, or ignored: :data:`NO_EFFECT`). Keys with no equivalent raise one
+    ConfigError naming them all, each with the closest TRL key or section when one is near."""
+    check_known(trl)
+    trl = check_values(trl)
     overrides: dict[str, Any] = {}
     lines: list[str] = []
+    if "max_steps" in trl and (trl["max_steps"] is None or trl["max_steps"] <= 0):
+        lines.append(f"max_steps {trl.pop('max_steps')} ignored (TRL's 'train num_train_epochs'): train.max_steps kept")
     for key, value in trl.items():
-        if key in TRL_KEYS:
+        if key in IF_DEFAULT:
+            accepted, note, error = IF_DEFAULT[key]
+            if not accepted(value, trl):
+                raise ConfigError(f"TRL key '{key}': " + error.format(v=value))
+            lines.append(f"{key} ignored ({note})")
+        elif key in TRL_KEYS:
             ours, convert = TRL_KEYS[key]
             overrides[ours] = convert(value)
             lines.append(f"{key} -> {ours}")
         elif key in NO_EFFECT:
             lines.append(f"{key} ignored ({NO_EFFECT[key]})")
     for keys, combined in ((BATCH_KEYS, _batch(trl, world_size)), (STEP_KEYS, _steps(trl, world_size)), (REF_SYNC_KEYS, _ref_sync(trl)),
-                           (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)),
+                           (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)), (WARMUP_KEYS, _warmup(trl)),
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
                             _loss(trl)), (("multi_objective_aggregation",), _objectives(trl)),
                            (("model_init_kwargs", "vllm_importance_sampling_correction"), _model_init(trl)),

@@ -77,6 +77,27 @@ CASES = [
     ({"save_total_limit": 3}, {"train.save_total_limit": 3}),
     ({"save_total_limit": None}, {"train.save_total_limit": 0}),
     ({"gradient_checkpointing": True}, {"train.gradient_checkpointing": True}),
+    ({"overwrite_output_dir": True}, {"train.overwrite_output_dir": True}),
+    # warm-up: whole updates; a fraction (warmup_ratio, or warmup_steps < 1) of TRL's max_steps, rounded up
+    ({"warmup_ratio": 0.1, "max_steps": 25}, {"optim.warmup_steps": 3, "train.max_steps": 25}),
+    ({"warmup_steps": 0.5, "max_steps": 10}, {"optim.warmup_steps": 5, "train.max_steps": 10}),
+    ({"warmup_steps": 4, "warmup_ratio": 0.5, "max_steps": 10}, {"optim.warmup_steps": 4, "train.max_steps": 10}),
+    ({"warmup_ratio": 0.0}, {"optim.warmup_steps": 0}),
+    # TRL's max_steps -1 (or 0): train num_train_epochs; ours keeps its max_steps
+    ({"max_steps": -1, "learning_rate": 2e-6}, {"optim.lr": 2e-6}),
+    ({"num_train_epochs": 3.0}, {}),                                   # TRL's default
+    ({"num_train_epochs": 1, "max_steps": 20}, {"train.max_steps": 20}),  # TRL ignores epochs then
+    ({"save_steps": 0.25, "max_steps": 20}, {"train.save_steps": 5, "train.max_steps": 20}),
+    # recipe keys at their defaults: a note each
+    ({"model_revision": "main", "dataset_config": None, "dataset_test_split": "test", "dataset_streaming": False,
+      "lora_task_type": "CAUSAL_LM", "push_to_hub": False, "gradient_checkpointing_use_reentrant": False,
+      "gradient_checkpointing_kwargs": {"use_reentrant": False}}, {}),
+    # values as TRL's parser reads them: booleans from strings, numbers from strings, JSON objects
+    ({"use_peft": "Yes", "bf16": "f", "shuffle_dataset": 0}, {"lora.enabled": True, "train.precision": "fp32",
+                                                               "data.shuffle": False}),
+    ({"num_generations": "4", "learning_rate": "1e-5"}, {"rollout.num_generations": 4, "optim.lr": 1e-5}),
+    ({"generation_kwargs": '{"top_k": 5}'}, {"rollout.top_k": 5}),
+    ({"report_to": ["none"]}, {"log.report_to": []}),
     ({"disable_tqdm": True}, {"log.progress_bar": False}),
     ({"report_to": "tensorboard"}, {"log.report_to": ["tensorboard"]}),
     ({"report_to": "none"}, {"log.report_to": []}),
@@ -174,10 +195,39 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
 
 
 @pytest.mark.parametrize("trl, message", [
-    ({"push_to_hub": True}, "key 'push_to_hub': no TRL key grpo maps"),
-    ({"num_train_epochs": 3, "learning_rat": 1e-6, "algo": {}},
-     "keys 'num_train_epochs', 'learning_rat' \\(did you mean 'learning_rate'\\?\\), 'algo' \\(did you mean "
-     "'algorithm'\\?\\): no TRL key grpo maps, nor one of its sections"),
+    ({"push_to_hub": True}, "TRL key 'push_to_hub': no hub uploads here: set it false"),
+    ({"num_trian_epochs": 3, "learning_rat": 1e-6, "algo": {}},
+     "keys 'num_trian_epochs' \\(did you mean 'num_train_epochs'\\?\\), 'learning_rat' \\(did you mean "
+     "'learning_rate'\\?\\), 'algo' \\(did you mean 'algorithm'\\?\\): no TRL key grpo maps, nor one of its sections"),
+    ({"num_train_epochs": 2}, "TRL key 'num_train_epochs': 2 epochs: grpo counts steps, not epochs: set max_steps"),
+    ({"model_revision": "v1.0"}, "TRL key 'model_revision': grpo loads local model directories: save revision 'v1.0'"),
+    ({"dataset_config": "main"}, "TRL key 'dataset_config': grpo reads local files .* save configuration 'main'"),
+    ({"dataset_streaming": True}, "TRL key 'dataset_streaming': no streaming here"),
+    ({"lora_task_type": "SEQ_CLS"}, "TRL key 'lora_task_type': 'SEQ_CLS': grpo trains causal LMs"),
+    ({"warmup_ratio": 0.1}, "TRL key 'warmup_ratio'=0.1 is a fraction of max_steps: give max_steps"),
+    ({"warmup_ratio": 2}, "TRL key 'warmup_ratio' must be >= 0 \\(below 1: a fraction of max_steps\\), got 2"),
+    ({"save_steps": 0.5}, "TRL key 'save_steps'=0.5 is a fraction of max_steps"),
+    ({"max_steps": 5.5}, "TRL key 'max_steps' expects an integer, got 5.5"),
+    # values of the wrong type: one line naming the key and the value, never a TypeError
+    ({"num_generations": "abc"}, "TRL key 'num_generations' expects an integer, got 'abc'"),
+    ({"num_generations": 0}, "TRL key 'num_generations' must be >= 1, got 0"),
+    ({"gradient_accumulation_steps": 0}, "TRL key 'gradient_accumulation_steps' must be >= 1, got 0"),
+    ({"per_device_train_batch_size": "abc"}, "TRL key 'per_device_train_batch_size' expects an integer, got 'abc'"),
+    ({"steps_per_generation": "x"}, "TRL key 'steps_per_generation' expects an integer, got 'x'"),
+    ({"num_iterations": "abc"}, "TRL key 'num_iterations' expects an integer, got 'abc'"),
+    ({"max_steps": "abc"}, "TRL key 'max_steps' expects an integer, got 'abc'"),
+    ({"eval_steps": "abc"}, "TRL key 'eval_steps' expects a number, got 'abc'"),
+    ({"generation_batch_size": "abc"}, "TRL key 'generation_batch_size' expects an integer, got 'abc'"),
+    ({"learning_rate": [1]}, "TRL key 'learning_rate' expects a number, got \\[1\\]"),
+    ({"report_to": 5}, "TRL key 'report_to' expects a name or a list of names, got 5"),
+    ({"reward_weights": ["x"]}, "TRL key 'reward_weights' \\(entry 'x'\\) expects a number, got 'x'"),
+    ({"generation_kwargs": [1, 2]}, "TRL key 'generation_kwargs' expects a mapping \\(a JSON object"),
+    ({"model_init_kwargs": "abc"}, "TRL key 'model_init_kwargs' expects a mapping .*got 'abc'"),
+    ({"bf16": "maybe"}, "TRL key 'bf16' expects true or false \\(yes/no, t/f, y/n, 1/0\\), got 'maybe'"),
+    ({"disable_tqdm": "abc"}, "TRL key 'disable_tqdm' expects true or false"),
+    ({"vllm_importance_sampling_correction": "abc"}, "TRL key 'vllm_importance_sampling_correction' expects true"),
+    ({"use_peft": 2}, "TRL key 'use_peft' expects true or false .*got 2"),
+    ({"num_generations": None}, "TRL key 'num_generations' needs a value, got None"),
     ({"torch_dtype": "auto"}, "TRL key 'dtype': 'auto' has no equivalent here; set float32, bfloat16 or float16"),
     ({"loss_type": "gpg"}, "TRL key 'loss_type': 'gpg' has no equivalent"),
     ({"lr_scheduler_type": "polynomial"}, "TRL key 'lr_scheduler_type': 'polynomial'"),

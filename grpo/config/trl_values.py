@@ -1,0 +1,174 @@
+"""The types of TRL keys' values, checked before they are mapped (grpo/config/trl.py).
+
+:func:`check_values` gives each TRL key's value in the type TRL's argument parser gives it (booleans as
+its `string_to_bool` reads them, numbers from numeric strings, JSON objects from strings) or raises one
+ConfigError naming the key as the user wrote it and the bad value, so no value reaches the mapping (and no
+division by zero or `int('abc')`) unchecked. Keys not listed here are taken as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable
+
+from grpo.config import ConfigError
+
+#: TRL's boolean keys (`string_to_bool`: yes/no, true/false, t/f, y/n, 1/0, any case).
+BOOL_KEYS = frozenset((
+    "shuffle_dataset", "mask_truncated_completions", "use_bias_correction_kl", "gradient_checkpointing",
+    "disable_dropout", "use_adaptive_entropy", "disable_tqdm", "trust_remote_code", "use_peft", "sync_ref_model",
+    "bf16", "fp16", "vllm_importance_sampling_correction", "logging_first_step", "log_completions", "use_vllm",
+    "do_eval", "ds3_gather_for_generation", "vllm_enable_sleep_mode", "use_transformers_paged",
+    "use_transformers_continuous_batching", "log_unique_prompts", "log_multimodal", "dataset_streaming",
+    "push_to_hub", "overwrite_output_dir", "gradient_checkpointing_use_reentrant"))
+#: Booleans TRL defaults to true, so its parser also takes `--no_KEY` (= false).
+NEGATABLE = frozenset(("shuffle_dataset", "gradient_checkpointing", "use_bias_correction_kl",
+                       "vllm_importance_sampling_correction", "ds3_gather_for_generation"))
+#: TRL's integer keys -> the least value that means something (None: any integer).
+INT_KEYS = {"num_generations": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+            "steps_per_generation": 1, "generation_batch_size": 1, "num_iterations": 1, "max_completion_length": 1,
+            "max_prompt_length": 1, "top_k": 0, "seed": 0, "save_total_limit": 0, "ref_model_sync_steps": 1,
+            "lora_r": 1, "lora_alpha": 1, "max_tool_calling_iterations": 1, "max_steps": None}
+#: TRL's keys that are floats (a whole number or a fraction of the run for the *_steps ones).
+FLOAT_KEYS = frozenset((
+    "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "temperature", "top_p", "min_p",
+    "repetition_penalty", "beta", "epsilon", "epsilon_high", "delta", "sapo_temperature_pos", "sapo_temperature_neg",
+    "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "top_entropy_quantile",
+    "off_policy_mask_threshold", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max", "ref_model_mixup_alpha", "entropy_coef", "entropy_target",
+    "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "lora_dropout", "warmup_ratio", "warmup_steps",
+    "num_train_epochs", "save_steps", "eval_steps"))
+#: TRL's string keys (a number written for one is taken as its text, as TRL's parser does).
+STR_KEYS = frozenset((
+    "output_dir", "run_name", "model_name_or_path", "dataset_name", "dataset_train_split", "dataset_test_split",
+    "dataset_config", "attn_implementation", "importance_sampling_level", "vllm_importance_sampling_mode",
+    "lr_scheduler_type", "loss_type", "save_strategy", "eval_strategy", "multi_objective_aggregation", "dtype",
+    "torch_dtype", "reward_model_name_or_path", "model_revision", "lora_task_type"))
+#: TRL's list keys (`nargs='+'` on its command line) -> the type of their items; one value = a list of one.
+LIST_KEYS = {"reward_funcs": str, "report_to": str, "lora_target_modules": str, "reward_weights": float}
+#: TRL's dict keys (a JSON object string too, as TRL reads them).
+DICT_KEYS = frozenset(("generation_kwargs", "model_init_kwargs", "chat_template_kwargs",
+                       "gradient_checkpointing_kwargs"))
+#: Keys TRL lets be None (null in YAML, `none` on its command line).
+NONE_OK = frozenset((
+    "steps_per_generation", "generation_batch_size", "max_prompt_length", "top_k", "save_total_limit",
+    "max_tool_calling_iterations", "min_p", "epsilon_high", "delta", "vllm_importance_sampling_cap",
+    "off_policy_mask_threshold", "eval_steps", "output_dir", "run_name", "model_name_or_path", "dataset_name",
+    "dataset_config", "attn_implementation", "dtype", "torch_dtype", "reward_model_name_or_path", "model_revision",
+    "reward_funcs", "report_to", "lora_target_modules", "reward_weights", "bf16", "disable_tqdm", "shuffle_dataset",
+    "multi_objective_aggregation", "max_steps", "num_train_epochs", "warmup_ratio")) | DICT_KEYS
+
+
+#: TRL keys accepted with a note at the value given (TRL's default, mostly), an error naming them otherwise:
+#: key -> (is the value accepted?, the note, the error).
+IF_DEFAULT: dict[str, tuple[Callable[[Any, dict], bool], str, str]] = {
+    "model_revision": (lambda v, t: v in (None, "main"), "models load from a local directory",
+                       "grpo loads local model directories: save revision '{v}' to one and name it in "
+                       "model_name_or_path"),
+    "dataset_config": (lambda v, t: v is None, "datasets are local files",
+                       "grpo reads local files and save_to_disk directories, not hub configurations: save "
+                       "configuration '{v}' to one and name it in dataset_name"),
+    "dataset_test_split": (lambda v, t: True, "evaluation reads data.eval_dataset, held-out prompts of their own", ""),
+    "dataset_streaming": (lambda v, t: not v, "the dataset is read whole", "no streaming here: set it false"),
+    "lora_task_type": (lambda v, t: v == "CAUSAL_LM", "grpo trains causal LMs",
+                       "'{v}': grpo trains causal LMs (CAUSAL_LM)"),
+    "push_to_hub": (lambda v, t: not v, "nothing is pushed",
+                    "no hub uploads here: set it false and push the saved checkpoint yourself"),
+    "gradient_checkpointing_use_reentrant": (lambda v, t: True, "grpo's checkpointing is non-reentrant, same values",
+                                             ""),
+    "gradient_checkpointing_kwargs": (lambda v, t: True, "grpo's checkpointing is non-reentrant, same values", ""),
+    "num_train_epochs": (lambda v, t: "max_steps" in t or v == 3, "grpo runs max_steps steps (TRL ignores "
+                         "num_train_epochs when max_steps is set; 3 is its default)",
+                         "{v} epochs: grpo counts steps, not epochs: set max_steps (TRL's optimizer updates) instead"),
+}
+
+
+def to_bool(value: Any, name: str) -> bool:
+    """A TRL boolean: a bool, 1 / 0, or yes/no, true/false, t/f, y/n, 1/0 in any case (TRL's string_to_bool)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).lower() if isinstance(value, (str, int, float)) else None
+    if text in ("yes", "true", "t", "y", "1"):
+        return True
+    if text in ("no", "false", "f", "n", "0"):
+        return False
+    raise ConfigError(f"{name} expects true or false (yes/no, t/f, y/n, 1/0), got {value!r}")
+
+
+def _number(value: Any, name: str, kind: type) -> Any:
+    if isinstance(value, str):
+        try:
+            value = kind(value.strip())
+        except ValueError:
+            try:
+                value = float(value.strip())
+            except ValueError:
+                pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{name} expects {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if kind is int:
+        if value != int(value):
+            raise ConfigError(f"{name} expects an integer, got {value!r}")
+        return int(value)
+    return value
+
+
+def _dict(value: Any, name: str) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pass
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} expects a mapping (a JSON object such as '{{\"temperature\": 0.7}}'), got {value!r}")
+    return value
+
+
+def _list(value: Any, name: str, item: type) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if item is float:
+        return [_number(v, f"{name} (entry {v!r})", float) for v in items]
+    bad = [v for v in items if not isinstance(v, str)]
+    if bad:
+        raise ConfigError(f"{name} expects a name or a list of names, got {value!r}")
+    return [str(v) for v in items]
+
+
+def check_value(key: str, value: Any, name: str | None = None) -> Any:
+    """TRL key `key`'s value in its TRL type; errors say `name` (default: TRL key 'key') and the value."""
+    name = name or f"TRL key '{key}'"
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and key not in STR_KEYS
+                         and key != "report_to"):
+        if key in NONE_OK:
+            return None
+        raise ConfigError(f"{name} needs a value, got {value!r}")
+    if key in BOOL_KEYS:
+        value = to_bool(value, name)
+    elif key in INT_KEYS:
+        number = _number(value, name, int)
+        least = INT_KEYS[key]
+        if least is not None and number < least:
+            raise ConfigError(f"{name} must be >= {least}, got {number}")
+        value = number
+    elif key in FLOAT_KEYS:
+        number = _number(value, name, float)
+        value = int(number) if number == int(number) and key.endswith("_steps") else number
+    elif key in STR_KEYS:
+        if isinstance(value, (dict, list, bool)):
+            raise ConfigError(f"{name} expects a string, got {value!r}")
+        value = str(value)
+    elif key in LIST_KEYS:
+        value = _list(value, name, LIST_KEYS[key])
+    elif key in DICT_KEYS:
+        value = _dict(value, name)
+    if key in IF_DEFAULT and key != "num_train_epochs" and not IF_DEFAULT[key][0](value, {}):
+        raise ConfigError(f"{name}: " + IF_DEFAULT[key][2].format(v=value))      # (epochs: see max_steps)
+    return value
+
+
+def check_values(trl: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Every TRL key's value checked (:func:`check_value`); `where` (e.g. 'recipe.yaml: ') prefixes the errors."""
+    return {k: check_value(k, v, f"{where}TRL key '{k}'") for k, v in trl.items()}
