@@ -386,3 +386,11 @@ def test_sft_max_steps_zero_and_resume_past_the_end(world, tmp_path, capsys):
     assert sft(world, out, "--max-steps", "2", "--resume") == 0
     assert "already at step 2 of 2" in capsys.readouterr().out
     assert digest(out) == before
+
+
+def test_sample_out_a_directory_or_under_a_file(world, tmp_path, capsys):
+    assert sample(world, tmp_path) == 2
+    one_line_error(capsys, "--out", str(tmp_path), "is a directory")
+    assert sample(world, world["afile"] / "s.jsonl") == 2
+    one_line_error(capsys, "--out", "is a file, not a directory")
+    assert world["afile"].read_text() == "x\n"
