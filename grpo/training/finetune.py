@@ -135,9 +135,11 @@ def sft_checkpoints(out: Path, cfg: Config) -> list[Path]:
                 shutil.rmtree(path)
             truncate_metrics(out / cfg.log.metrics_file, 0)
         return []
-    if tc.resume == "never" and held or tc.resume == "auto" and not checkpoints and held:
+    if tc.resume == "never" and held:
         raise ConfigError(f"{out} already holds an SFT run ({held}): pass --resume to continue it, set "
                           f"train.overwrite_output_dir: true to start over there, or choose another --output-dir")
+    if tc.resume != "never" and not checkpoints:
+        truncate_metrics(out / cfg.log.metrics_file, 0)    # a run stopped before its first checkpoint: redone
     return checkpoints if tc.resume != "never" else []
 
 

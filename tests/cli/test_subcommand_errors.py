@@ -394,3 +394,12 @@ def test_sample_out_a_directory_or_under_a_file(world, tmp_path, capsys):
     assert sample(world, world["afile"] / "s.jsonl") == 2
     one_line_error(capsys, "--out", "is a file, not a directory")
     assert world["afile"].read_text() == "x\n"
+
+
+def test_sft_resume_of_a_run_stopped_before_its_first_checkpoint_starts_over(world, tmp_path):
+    out = tmp_path / "sft"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss/sft": 9.0}) + "\n")
+    assert sft(world, out, "--resume") == 0
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1] and (out / "checkpoint-1").is_dir()
