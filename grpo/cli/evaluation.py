@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default="train", help="Split of --dataset (default: train).")
     p.add_argument("--task", default="arithmetic", help="Embedded task without --dataset (default: arithmetic).")
     p.add_argument("--problems", type=int, default=256,
-                   help="Problems: held-out ones of the task, or the first N rows of --dataset (0 = all; default 256).")
+                   help="Problems: held-out ones of the task (>= 1), or the first N rows of --dataset (0 = all; "
+                        "default 256).")
     p.add_argument("--reward", action="append", help="Reward functions (the task's own without --dataset: accuracy, "
                                                     "format; required with --dataset). The first decides correctness.")
     p.add_argument("--samples", type=int, default=1, help="Completions per problem (K > 1 needs --temperature > 0).")
@@ -30,7 +31,8 @@ def add_parser(sub) -> None:
                    help="A sample is correct when the first reward gives it >= this (default 0.5).")
     p.add_argument("--answer-extractor", default="", help="file.py:function(text) -> answer or None for maj@k "
                                                           "(default: the last <answer> block, else \\boxed{}).")
-    p.add_argument("--out", help="Directory for samples.jsonl (one row per problem) and summary.json.")
+    p.add_argument("--out", help="Directory for samples.jsonl (one row per problem) and summary.json: a new one or "
+                                 "an earlier evaluation's (a training run's directory is refused).")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=48)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default).")
     p.add_argument("--seed", type=int, default=0)
