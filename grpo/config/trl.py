@@ -7,7 +7,10 @@ of ours (:data:`BATCH_KEYS`, :data:`REF_SYNC_KEYS`, :data:`REWARD_KEYS`, `loss_t
 dataset and reward keys of TRL's ModelConfig and `trl grpo` script arguments (`model_name_or_path`,
 `dtype`, `use_peft`, `lora_r`, `dataset_name`, `reward_funcs`, ...) map too, so a `trl grpo --config`
 file is read as it is. Keys that change nothing here (:data:`NO_EFFECT`: logging cadence, the vLLM
-backend) are accepted with a note; any other TRL key is an error that names it. Only the keys given are
+backend) are accepted with a note, and so are recipe keys at TRL's default (:data:`IF_DEFAULT`: `model_revision:
+main`, `push_to_hub: false`, ...; another value is an error); any other TRL key is an error that names it.
+Values are first checked and converted as TRL's parser reads them (grpo/config/trl_values.py): a bad one is an
+error naming the key and the value. Only the keys given are
 mapped: TRL's defaults are not ours (TRL's beta is 0.0, ours 0.04; write `beta` explicitly to match a
 TRL run).
 """
@@ -27,9 +30,12 @@ def _same(value: Any) -> Any:
 
 def _scale_rewards(value: Any) -> str:
     """TRL scale_rewards: True = group, False = none, or the string itself (group | batch | none)."""
+    value = {"true": True, "false": False}.get(str(value).lower(), value)
     if isinstance(value, bool):
         return "group" if value else "none"
-    return str(value)
+    if value not in ("group", "batch", "none"):
+        raise ConfigError(f"TRL key 'scale_rewards': {value!r} has no equivalent here (group, batch, none, true, false)")
+    return value
 
 
 def _lr_scheduler(value: Any) -> str:

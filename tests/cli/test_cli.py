@@ -26,9 +26,9 @@ def test_parse_overrides():
 
 def test_parse_overrides_takes_trl_names_for_grpo_train():
     """TRL's flag spellings (underscores or hyphens, `--name=value`, a bare boolean) under their TRL names
-    (values read as YAML: 1e-6 stays text, which the config's float fields convert)."""
+    (values read as TRL's parser reads them: 1e-6 a float)."""
     argv = ["--learning_rate", "1e-6", "--num-generations=4", "--use_peft", "--lora_r", "8", "--bf16", "--beta", "-0.5"]
-    assert parse_overrides(argv, trl=True) == {"learning_rate": "1e-6", "num_generations": 4, "use_peft": True,
+    assert parse_overrides(argv, trl=True) == {"learning_rate": 1e-6, "num_generations": 4, "use_peft": True,
                                                "lora_r": 8, "bf16": True, "beta": -0.5}
     with pytest.raises(ConfigError, match="TRL's learning_rate is --optim.lr here"):
         parse_overrides(argv)

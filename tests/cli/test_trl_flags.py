@@ -1,0 +1,99 @@
+"""TRL flag spellings on grpo's command line, and `trl grpo` recipe files read by train and rewards check:
+values parsed as TRL's HfArgumentParser parses them, bad ones one-line errors naming the flag or file."""
+
+import pytest
+
+from grpo.cli.main import main, parse_overrides, read_given
+from grpo.cli.rewards_check import check_config
+from grpo.config import ConfigError
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("0", False), ("yes", True), ("No", False), ("TRUE", True),
+                                         ("false", False), ("t", True), ("F", False), ("y", True), ("n", False)])
+def test_boolean_flags_read_as_trl_reads_them(text, value):
+    assert parse_overrides(["--use_peft", text], trl=True) == {"use_peft": value}
+    assert parse_overrides([f"--bf16={text}"], trl=True) == {"bf16": value}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bf16", "maybe"], "TRL flag --bf16 expects true or false \\(yes/no, t/f, y/n, 1/0\\), got 'maybe'"),
+    (["--use-peft", "2"], "TRL flag --use-peft expects true or false .*got 2"),
+    (["--disable_tqdm=abc"], "TRL flag --disable_tqdm expects true or false"),
+    (["--learning_rate"], "TRL flag --learning_rate needs a value"),
+    (["--learning-rate", "--beta", "0"], "TRL flag --learning-rate needs a value"),
+    (["--num-generations", "abc"], "TRL flag --num-generations expects an integer, got 'abc'"),
+    (["--gradient_accumulation_steps", "0"], "TRL flag --gradient_accumulation_steps must be >= 1, got 0"),
+    (["--max_steps", "abc"], "TRL flag --max_steps expects an integer, got 'abc'"),
+    (["--generation_kwargs", "abc"], "TRL flag --generation_kwargs expects a mapping \\(a JSON object"),
+    (["--generation_kwargs", "[1,2]"], "TRL flag --generation_kwargs expects a mapping .*got \\[1, 2\\]"),
+    (["--model_init_kwargs", "abc"], "TRL flag --model_init_kwargs expects a mapping"),
+    (["--reward_weights", "1.0", "x"], "TRL flag --reward_weights \\(entry 'x'\\) expects a number, got 'x'"),
+    (["--push_to_hub"], "TRL flag --push_to_hub: no hub uploads here"),
+    (["--no_shuffle_dataset", "x"], "TRL flag --no_shuffle_dataset takes no value, got 'x'"),
+])
+def test_bad_flag_values_are_errors_naming_the_flag_as_written(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_overrides(argv, trl=True)
+
+
+def test_list_flags_take_several_values_as_trl_does():
+    """TRL's parser gives list fields nargs='+': `--reward_funcs a b` is a list of two."""
+    assert parse_overrides(["--reward_funcs", "rewards.a", "rewards.b", "--report_to", "tensorboard", "wandb",
+                            "--lora_target_modules", "q_proj", "v_proj", "--reward_weights", "1", "0.5",
+                            "--learning_rate", "1e-6"], trl=True) == {
+        "reward_funcs": ["rewards.a", "rewards.b"], "report_to": ["tensorboard", "wandb"],
+        "lora_target_modules": ["q_proj", "v_proj"], "reward_weights": [1.0, 0.5], "learning_rate": 1e-6}
+    assert parse_overrides(["--reward_funcs", "accuracy"], trl=True) == {"reward_funcs": ["accuracy"]}
+    assert parse_overrides(["--reward_funcs", "[a, b]"], trl=True) == {"reward_funcs": ["a", "b"]}
+    with pytest.raises(ConfigError, match="unrecognised argument 'x'"):   # one value for a scalar key
+        parse_overrides(["--learning_rate", "1e-6", "x"], trl=True)
+
+
+def test_negated_and_json_and_text_flags():
+    assert parse_overrides(["--no_shuffle_dataset", "--no-gradient-checkpointing"], trl=True) == {
+        "shuffle_dataset": False, "gradient_checkpointing": False}
+    assert parse_overrides(["--generation_kwargs", '{"top_k": 5}', "--run_name", "yes", "--max_steps", "-1"],
+                           trl=True) == {"generation_kwargs": {"top_k": 5}, "run_name": "yes", "max_steps": -1}
+
+
+def test_recipe_file_errors_name_the_file_and_the_trl_key(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("learning_rate: 1.0e-6\nnum_generations: abc\n")
+    with pytest.raises(ConfigError, match=f"^{recipe}: TRL key 'num_generations' expects an integer, got 'abc'$"):
+        read_given(str(recipe), [])
+    recipe.write_text("learning_rat: 1.0e-6\n")
+    with pytest.raises(ConfigError, match=f"^{recipe}: key 'learning_rat' \\(did you mean 'learning_rate'\\?\\)"):
+        read_given(str(recipe), [])
+    recipe.write_text("model_revision: v2\n")
+    with pytest.raises(ConfigError, match=f"^{recipe}: TRL key 'model_revision': grpo loads local model directories"):
+        read_given(str(recipe), [])
+
+
+def test_gradient_checkpointing_kwargs_is_a_trl_key_not_a_section(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("gradient_checkpointing_kwargs: {use_reentrant: false}\nbeta: 0.0\n")
+    given, overrides = read_given(str(recipe), ["--optim.lr", "2e-6"])
+    assert given == {"gradient_checkpointing_kwargs": {"use_reentrant": False}, "beta": 0.0}
+    assert overrides == {"optim.lr": "2e-6"}
+
+
+def test_cli_prints_one_line_for_bad_trl_values(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("learning_rate: 1.0e-6\nnum_generations: 2\n")
+    assert main(["train", "--config", str(recipe), "--steps_per_generation", "x"]) == 2
+    assert capsys.readouterr().err == "error: TRL flag --steps_per_generation expects an integer, got 'x'\n"
+    assert main(["train", "--config", str(recipe), "--report_to", "5"]) == 2
+    assert "log.report_to: unknown tracker '5'" in capsys.readouterr().err
+
+
+def test_rewards_check_reads_a_trl_recipe_as_train_does(tmp_path):
+    """`grpo rewards check --config` takes the same `trl grpo` recipe as `grpo train --config`."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"dataset_name: {tmp_path / 'p.jsonl'}\nreward_funcs: [accuracy, format]\nreward_weights: "
+                      f"[1.0, 0.5]\nlearning_rate: 1.0e-6\nuse_vllm: false\n")
+    cfg = check_config(str(recipe), None, None, None, ["--reward_funcs", "format", "accuracy", "--data.split", "x"])
+    assert cfg.data.dataset == str(tmp_path / "p.jsonl")
+    assert cfg.reward.functions == ["format", "accuracy"] and cfg.reward.weights == [1.0, 0.5]
+    assert cfg.data.split == "x"
+    cfg = check_config(str(recipe), ["exact_match", "format"], None, "zero", [])    # the command's own flags win
+    assert cfg.reward.functions == ["exact_match", "format"] and cfg.reward.reward_errors == "zero"
