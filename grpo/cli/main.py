@@ -26,8 +26,8 @@ FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "tr
 
 TRAIN_EPILOG = """\
 Any config key can be set as --section.key VALUE (VALUE is read as YAML: 0.1, true, [a, b]).
-TRL GRPOConfig / `trl grpo` names work too, as flags (--learning_rate 1e-6, --use_peft) and at the top
-level of --config FILE (docs/migrating-from-trl.md); a section.key always wins over a TRL name.
+TRL GRPOConfig / `trl grpo` names work too, as flags (--learning_rate 1e-6, --use_peft, --reward_funcs a b)
+and at the top level of --config FILE (docs/migrating-from-trl.md); a section.key always wins over a TRL name.
 Precedence: defaults < --algorithm preset < --config FILE's sections < TRL names (file, then flags)
   < section.key (file, then flags) < the flags above.
 Examples:
@@ -122,15 +122,25 @@ def config_from_args(args: argparse.Namespace, extra: list[str]):
     """grpo train's config: the --config file (sections, and TRL GRPOConfig keys at its top level), the TRL
     names given as flags, then --section.key options, then the named flags. A section.key always wins over
     a TRL name; the TRL keys are mapped together (grpo.config.trl), so batch keys combine across both."""
+    flags = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag, None) is not None}
+    if args.reward:
+        flags["reward.functions"] = args.reward
+    return resolve_given(args.config, extra, flags, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def resolve_given(config: str | None, extra: list[str], flags: dict[str, Any], world_size: int = 1):
+    """The Config of --config FILE, the extra options and a command's own `flags` (`section.key`, last); an error
+    of the TRL keys mapped together names the file (and the TRL flags when some were given)."""
     from grpo.api.inputs import resolve_config
 
-    given, overrides = read_given(args.config, extra)
-    for flag, key in FLAG_KEYS.items():
-        if getattr(args, flag, None) is not None:
-            overrides[key] = getattr(args, flag)
-    if args.reward:
-        overrides["reward.functions"] = args.reward
-    return resolve_config(given, overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    given, overrides = read_given(config, extra)
+    try:
+        return resolve_config(given, {**overrides, **flags}, world_size=world_size)
+    except ConfigError as e:
+        if not config or not str(e).startswith("TRL key"):
+            raise
+        trl_flags = any(t.startswith("--") and "." not in t.partition("=")[0] for t in extra)
+        raise ConfigError(f"{config}{' with the TRL flags' if trl_flags else ''}: {e}") from None
 
 
 def read_given(config: str | None, extra: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

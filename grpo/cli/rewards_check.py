@@ -41,12 +41,10 @@ def check_config(config: str | None, rewards: list[str] | None, dataset: str | N
                  extra: list[str]) -> Config:
     """The config the check uses, read as `grpo train` reads it (a `trl grpo` recipe too): defaults < --config
     < TRL names < --section.key < the command's own flags."""
-    from grpo.api.inputs import resolve_config
-    from grpo.cli.main import read_given
+    from grpo.cli.main import resolve_given
 
-    given, overrides = read_given(config, extra)
     flags = {"reward.functions": rewards, "data.dataset": dataset, "reward.reward_errors": reward_errors}
-    return resolve_config(given, {**overrides, **{k: v for k, v in flags.items() if v is not None}})
+    return resolve_given(config, extra, {k: v for k, v in flags.items() if v is not None})
 
 
 def dataset_rows(cfg: Config) -> list[dict[str, Any]] | None:

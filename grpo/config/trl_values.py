@@ -56,7 +56,7 @@ NONE_OK = frozenset((
     "max_tool_calling_iterations", "min_p", "epsilon_high", "delta", "vllm_importance_sampling_cap",
     "off_policy_mask_threshold", "eval_steps", "output_dir", "run_name", "model_name_or_path", "dataset_name",
     "dataset_config", "attn_implementation", "dtype", "torch_dtype", "reward_model_name_or_path", "model_revision",
-    "reward_funcs", "report_to", "lora_target_modules", "reward_weights", "bf16", "disable_tqdm", "shuffle_dataset",
+    "reward_funcs", "report_to", "lora_target_modules", "reward_weights", "bf16", "disable_tqdm",
     "multi_objective_aggregation", "max_steps", "num_train_epochs", "warmup_ratio")) | DICT_KEYS
 
 

@@ -97,3 +97,21 @@ def test_rewards_check_reads_a_trl_recipe_as_train_does(tmp_path):
     assert cfg.data.split == "x"
     cfg = check_config(str(recipe), ["exact_match", "format"], None, "zero", [])    # the command's own flags win
     assert cfg.reward.functions == ["exact_match", "format"] and cfg.reward.reward_errors == "zero"
+
+
+def test_errors_of_combined_trl_keys_name_the_file(tmp_path):
+    """Batch keys are mapped together (file and flags): their error names the file, and the flags when given."""
+    import argparse
+
+    from grpo.cli.main import config_from_args
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("per_device_train_batch_size: 6\nnum_generations: 4\nnum_train_epochs: 2\nmax_steps: 8\n")
+    args = argparse.Namespace(config=str(recipe), reward=None, **{k: None for k in ("model", "dataset", "output_dir",
+                              "max_steps", "seed", "algorithm", "resume")})
+    with pytest.raises(ConfigError, match=f"^{recipe}: TRL keys per_device_train_batch_size=6 .* not divisible by "
+                                          f"num_generations=4$"):
+        config_from_args(args, [])
+    with pytest.raises(ConfigError, match=f"^{recipe} with the TRL flags: TRL key 'num_train_epochs': 2 epochs"):
+        config_from_args(args, ["--num_generations", "3", "--max_steps", "-1"])
+    assert config_from_args(args, ["--num_generations", "3"]).train.prompts_per_step == 2

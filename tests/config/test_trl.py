@@ -229,6 +229,7 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
     ({"vllm_importance_sampling_correction": "abc"}, "TRL key 'vllm_importance_sampling_correction' expects true"),
     ({"use_peft": 2}, "TRL key 'use_peft' expects true or false .*got 2"),
     ({"num_generations": None}, "TRL key 'num_generations' needs a value, got None"),
+    ({"shuffle_dataset": None}, "TRL key 'shuffle_dataset' needs a value, got None"),
     ({"scale_rewards": "yes"}, "TRL key 'scale_rewards': 'yes' has no equivalent here \\(group, batch, none, true"),
     ({"torch_dtype": "auto"}, "TRL key 'dtype': 'auto' has no equivalent here; set float32, bfloat16 or float16"),
     ({"loss_type": "gpg"}, "TRL key 'loss_type': 'gpg' has no equivalent"),
