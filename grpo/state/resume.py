@@ -249,7 +249,8 @@ def announce_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> int:
     for path, why in ([] if ckpt is None else ckpt.skipped):
         log.warning("warning: %s; resuming from %s (the invalid one is kept as %s.invalid)", why, ckpt.path.name,
                     path.name)
-    held = previous_run(out, cfg) if ckpt is None else None
+    held = previous_run(out, cfg) if ckpt is None and cfg.train.resume.strip() == "never" else None   # auto: a run
+    # killed before its first checkpoint is started over, as documented (job scripts always pass --resume)
     if held and not cfg.train.overwrite_output_dir:
         raise ConfigError(f"{out} already holds a run ({held}): pass --resume to continue it, set "
                           f"train.overwrite_output_dir: true to start over there, or choose another train.output_dir")
@@ -268,8 +269,8 @@ def begin_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> None:
     metrics.jsonl, alerts.jsonl and samples.jsonl back to the records of the checkpoint's steps."""
     for path, _ in ([] if ckpt is None else ckpt.skipped):
         set_aside(path)
-    if ckpt is None and cfg.train.overwrite_output_dir:          # starting over: no checkpoint of the old run stays
-        for path in list_checkpoints(out):                      # to be resumed into the new one's metrics
+    if ckpt is None and cfg.train.overwrite_output_dir and cfg.train.resume.strip() == "never":   # starting over:
+        for path in list_checkpoints(out):          # no checkpoint of the old run stays to be resumed into the new one's
             shutil.rmtree(path)
     remove_stale_temporaries(out)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

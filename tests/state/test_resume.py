@@ -263,6 +263,11 @@ def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_output_dir(
     assert any("train.overwrite_output_dir: its checkpoints are deleted" in r.getMessage() for r in caplog.records)
     assert [r["step"] for r in records(out)] == [1, 2]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]     # checkpoint-3 is gone
+    killed = tmp_path / "killed"                     # resume=auto, killed before its first checkpoint: starts over
+    killed.mkdir()
+    (killed / "metrics.jsonl").write_text('{"step": 1, "x": 0.5}\n')
+    run_in_process(tiny_config(*env, killed, **{"train.max_steps": 1, "train.resume": "auto"}))
+    assert [r["step"] for r in records(killed)] == [1] and records(killed)[0].get("x") is None
 
 
 @pytest.mark.parametrize("resume", ["never", "auto"])
