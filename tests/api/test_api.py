@@ -133,7 +133,7 @@ def test_config_forms_resolve_to_the_same_config(tmp_path):
     trl_file = tmp_path / "trl.yaml"
     trl_file.write_text("learning_rate: 3.0e-6\nnum_generations: 16\nlogging_steps: 10\n")
     assert resolve_config(trl_file) == ours
-    with pytest.raises(ConfigError, match="key 'push_to_hub': no TRL key grpo maps"):
+    with pytest.raises(ConfigError, match="TRL key 'push_to_hub': no hub uploads here"):
         resolve_config({"push_to_hub": True})
     with pytest.raises(ConfigError, match="config must be a grpo Config"):
         resolve_config(42)
