@@ -21,113 +21,79 @@ import math
 from typing import Any, Callable
 
 from grpo.config import ConfigError
-from grpo.config.trl_values import IF_DEFAULT, check_values
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _scale_rewards(value: Any) -> str:
-    """TRL scale_rewards: True = group, False = none, or the string itself (group | batch | none)."""
-    value = {"true": True, "false": False}.get(str(value).lower(), value)
-    if isinstance(value, bool):
-        return "group" if value else "none"
-    if value not in ("group", "batch", "none"):
-        raise ConfigError(f"TRL key 'scale_rewards': {value!r} has no equivalent here (group, batch, none, true, false)")
-    return value
-
-
-def _lr_scheduler(value: Any) -> str:
-    table = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear", "cosine": "cosine"}
-    if value not in table:
-        raise ConfigError(f"TRL key 'lr_scheduler_type': '{value}' has no equivalent here (known: {', '.join(table)})")
-    return table[value]
-
-
-def _dtype(value: Any) -> str:
-    """TRL ModelConfig dtype / torch_dtype -> model.dtype ('auto' = the checkpoint's: no equivalent here)."""
-    names = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-             "float16": "float16", "fp16": "float16"}
-    if str(value) not in names:
-        raise ConfigError(f"TRL key 'dtype': '{value}' has no equivalent here; set float32, bfloat16 or float16")
-    return names[str(value)]
-
-
-def _report_to(value: Any) -> list[str]:
-    names = [value] if isinstance(value, str) else list(value or [])
-    return [v for v in names if v != "none"]
+from grpo.config.trl_values import (IF_DEFAULT, check_values, dtype_value, lr_scheduler_value, report_to_value,
+                                     same_value, scale_rewards_value)
 
 
 #: TRL key -> (our key, value conversion).
 TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "learning_rate": ("optim.lr", _same),
-    "weight_decay": ("optim.weight_decay", _same),
-    "adam_beta1": ("optim.adam_beta1", _same),
-    "adam_beta2": ("optim.adam_beta2", _same),
-    "max_grad_norm": ("optim.max_grad_norm", _same),
-    "lr_scheduler_type": ("optim.lr_scheduler", _lr_scheduler),
-    "num_generations": ("rollout.num_generations", _same),
-    "max_completion_length": ("rollout.max_new_tokens", _same),
-    "temperature": ("rollout.temperature", _same),
-    "top_p": ("rollout.top_p", _same),
+    "learning_rate": ("optim.lr", same_value),
+    "weight_decay": ("optim.weight_decay", same_value),
+    "adam_beta1": ("optim.adam_beta1", same_value),
+    "adam_beta2": ("optim.adam_beta2", same_value),
+    "max_grad_norm": ("optim.max_grad_norm", same_value),
+    "lr_scheduler_type": ("optim.lr_scheduler", lr_scheduler_value),
+    "num_generations": ("rollout.num_generations", same_value),
+    "max_completion_length": ("rollout.max_new_tokens", same_value),
+    "temperature": ("rollout.temperature", same_value),
+    "top_p": ("rollout.top_p", same_value),
     "top_k": ("rollout.top_k", lambda v: 0 if v is None else v),
     "min_p": ("rollout.min_p", lambda v: 0.0 if v is None else v),
-    "repetition_penalty": ("rollout.repetition_penalty", _same),
+    "repetition_penalty": ("rollout.repetition_penalty", same_value),
     "max_prompt_length": ("data.max_prompt_length", lambda v: 0 if v is None else v),
-    "shuffle_dataset": ("data.shuffle", _same),
-    "beta": ("algorithm.beta", _same),
-    "epsilon": ("algorithm.epsilon", _same),
-    "epsilon_high": ("algorithm.epsilon_high", _same),
-    "delta": ("algorithm.clip_delta", _same),
-    "sapo_temperature_pos": ("algorithm.sapo_tau_pos", _same),
-    "sapo_temperature_neg": ("algorithm.sapo_tau_neg", _same),
-    "vespo_k_pos": ("algorithm.vespo_k_pos", _same),
-    "vespo_lambda_pos": ("algorithm.vespo_lambda_pos", _same),
-    "vespo_k_neg": ("algorithm.vespo_k_neg", _same),
-    "vespo_lambda_neg": ("algorithm.vespo_lambda_neg", _same),
-    "scale_rewards": ("algorithm.scale_rewards", _scale_rewards),
-    "importance_sampling_level": ("algorithm.importance_sampling_level", _same),
-    "num_iterations": ("algorithm.num_iterations", _same),
-    "mask_truncated_completions": ("algorithm.overlong_filter", _same),
-    "top_entropy_quantile": ("algorithm.top_entropy_rho", _same),
-    "use_bias_correction_kl": ("algorithm.kl_ratio_correction", _same),
-    "off_policy_mask_threshold": ("algorithm.off_policy_mask_threshold", _same),
-    "vllm_importance_sampling_mode": ("algorithm.rollout_correction", _same),
-    "vllm_importance_sampling_cap": ("algorithm.rollout_correction_max", _same),     # TRL's deprecated name
-    "vllm_importance_sampling_clip_min": ("algorithm.rollout_correction_min", _same),
-    "vllm_importance_sampling_clip_max": ("algorithm.rollout_correction_max", _same),
-    "reward_weights": ("reward.weights", _same),
-    "seed": ("train.seed", _same),
-    "output_dir": ("train.output_dir", _same),
+    "shuffle_dataset": ("data.shuffle", same_value),
+    "beta": ("algorithm.beta", same_value),
+    "epsilon": ("algorithm.epsilon", same_value),
+    "epsilon_high": ("algorithm.epsilon_high", same_value),
+    "delta": ("algorithm.clip_delta", same_value),
+    "sapo_temperature_pos": ("algorithm.sapo_tau_pos", same_value),
+    "sapo_temperature_neg": ("algorithm.sapo_tau_neg", same_value),
+    "vespo_k_pos": ("algorithm.vespo_k_pos", same_value),
+    "vespo_lambda_pos": ("algorithm.vespo_lambda_pos", same_value),
+    "vespo_k_neg": ("algorithm.vespo_k_neg", same_value),
+    "vespo_lambda_neg": ("algorithm.vespo_lambda_neg", same_value),
+    "scale_rewards": ("algorithm.scale_rewards", scale_rewards_value),
+    "importance_sampling_level": ("algorithm.importance_sampling_level", same_value),
+    "num_iterations": ("algorithm.num_iterations", same_value),
+    "mask_truncated_completions": ("algorithm.overlong_filter", same_value),
+    "top_entropy_quantile": ("algorithm.top_entropy_rho", same_value),
+    "use_bias_correction_kl": ("algorithm.kl_ratio_correction", same_value),
+    "off_policy_mask_threshold": ("algorithm.off_policy_mask_threshold", same_value),
+    "vllm_importance_sampling_mode": ("algorithm.rollout_correction", same_value),
+    "vllm_importance_sampling_cap": ("algorithm.rollout_correction_max", same_value),     # TRL's deprecated name
+    "vllm_importance_sampling_clip_min": ("algorithm.rollout_correction_min", same_value),
+    "vllm_importance_sampling_clip_max": ("algorithm.rollout_correction_max", same_value),
+    "reward_weights": ("reward.weights", same_value),
+    "seed": ("train.seed", same_value),
+    "output_dir": ("train.output_dir", same_value),
     "save_total_limit": ("train.save_total_limit", lambda v: 0 if v is None else v),
-    "gradient_checkpointing": ("train.gradient_checkpointing", _same),
-    "disable_dropout": ("train.disable_dropout", _same),
-    "overwrite_output_dir": ("train.overwrite_output_dir", _same),
-    "entropy_coef": ("algorithm.entropy_coef", _same),
+    "gradient_checkpointing": ("train.gradient_checkpointing", same_value),
+    "disable_dropout": ("train.disable_dropout", same_value),
+    "overwrite_output_dir": ("train.overwrite_output_dir", same_value),
+    "entropy_coef": ("algorithm.entropy_coef", same_value),
     "use_adaptive_entropy": ("algorithm.entropy_control", lambda v: "adaptive" if v else "fixed"),
-    "entropy_target": ("algorithm.entropy_target", _same),
-    "entropy_coef_delta": ("algorithm.entropy_coef_delta", _same),
-    "entropy_coef_min": ("algorithm.entropy_coef_min", _same),
-    "entropy_coef_max": ("algorithm.entropy_coef_max", _same),
-    "report_to": ("log.report_to", _report_to),
-    "run_name": ("log.run_name", _same),
+    "entropy_target": ("algorithm.entropy_target", same_value),
+    "entropy_coef_delta": ("algorithm.entropy_coef_delta", same_value),
+    "entropy_coef_min": ("algorithm.entropy_coef_min", same_value),
+    "entropy_coef_max": ("algorithm.entropy_coef_max", same_value),
+    "report_to": ("log.report_to", report_to_value),
+    "run_name": ("log.run_name", same_value),
     "disable_tqdm": ("log.progress_bar", lambda v: not v),
     # TRL's ModelConfig and ScriptArguments: the model and dataset keys of a `trl grpo --config` file
-    "model_name_or_path": ("model.path", _same),
-    "dtype": ("model.dtype", _dtype),
-    "torch_dtype": ("model.dtype", _dtype),
-    "trust_remote_code": ("model.trust_remote_code", _same),
-    "attn_implementation": ("model.attn_implementation", _same),
-    "use_peft": ("lora.enabled", _same),
-    "lora_r": ("lora.r", _same),
-    "lora_alpha": ("lora.alpha", _same),
-    "lora_dropout": ("lora.dropout", _same),
+    "model_name_or_path": ("model.path", same_value),
+    "dtype": ("model.dtype", dtype_value),
+    "torch_dtype": ("model.dtype", dtype_value),
+    "trust_remote_code": ("model.trust_remote_code", same_value),
+    "attn_implementation": ("model.attn_implementation", same_value),
+    "use_peft": ("lora.enabled", same_value),
+    "lora_r": ("lora.r", same_value),
+    "lora_alpha": ("lora.alpha", same_value),
+    "lora_dropout": ("lora.dropout", same_value),
     "lora_target_modules": ("lora.target_modules", lambda v: ["all-linear"] if v is None else v),
-    "dataset_name": ("data.dataset", _same),
-    "dataset_train_split": ("data.split", _same),
+    "dataset_name": ("data.dataset", same_value),
+    "dataset_train_split": ("data.split", same_value),
     "chat_template_kwargs": ("data.chat_template_kwargs", lambda v: v or {}),
-    "max_tool_calling_iterations": ("rollout.max_turns", _same),
+    "max_tool_calling_iterations": ("rollout.max_turns", same_value),
 }
 
 #: TRL's batch keys: completions per device per forward/backward, and the accumulation steps of one
@@ -350,7 +316,7 @@ def _model_init(trl: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"TRL key model_init_kwargs: {', '.join(unknown)} has no equivalent here (known: "
                           f"{', '.join(MODEL_INIT_KEYS)})")
     for key, value in kwargs.items():
-        out[MODEL_INIT_KEYS[key]] = _dtype(value) if MODEL_INIT_KEYS[key] == "model.dtype" else value
+        out[MODEL_INIT_KEYS[key]] = dtype_value(value) if MODEL_INIT_KEYS[key] == "model.dtype" else value
     return out
 
 

@@ -4,6 +4,9 @@
 its `string_to_bool` reads them, numbers from numeric strings, JSON objects from strings) or raises one
 ConfigError naming the key as the user wrote it and the bad value, so no value reaches the mapping (and no
 division by zero or `int('abc')`) unchecked. Keys not listed here are taken as they are.
+
+The ``*_value`` functions then turn one checked value into ours (scale_rewards, lr_scheduler_type, dtype,
+report_to); grpo/config/trl.py's TRL_KEYS names them.
 """
 
 from __future__ import annotations
@@ -172,3 +175,41 @@ def check_value(key: str, value: Any, name: str | None = None) -> Any:
 def check_values(trl: dict[str, Any], where: str = "") -> dict[str, Any]:
     """Every TRL key's value checked (:func:`check_value`); `where` (e.g. 'recipe.yaml: ') prefixes the errors."""
     return {k: check_value(k, v, f"{where}TRL key '{k}'") for k, v in trl.items()}
+
+
+# ---------------------------------------------------------------- one TRL value -> ours (used by trl.TRL_KEYS)
+
+
+def same_value(value: Any) -> Any:
+    return value
+
+
+def scale_rewards_value(value: Any) -> str:
+    """TRL scale_rewards: True = group, False = none, or the string itself (group | batch | none)."""
+    value = {"true": True, "false": False}.get(str(value).lower(), value)
+    if isinstance(value, bool):
+        return "group" if value else "none"
+    if value not in ("group", "batch", "none"):
+        raise ConfigError(f"TRL key 'scale_rewards': {value!r} has no equivalent here (group, batch, none, true, false)")
+    return value
+
+
+def lr_scheduler_value(value: Any) -> str:
+    table = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear", "cosine": "cosine"}
+    if value not in table:
+        raise ConfigError(f"TRL key 'lr_scheduler_type': '{value}' has no equivalent here (known: {', '.join(table)})")
+    return table[value]
+
+
+def dtype_value(value: Any) -> str:
+    """TRL ModelConfig dtype / torch_dtype -> model.dtype ('auto' = the checkpoint's: no equivalent here)."""
+    names = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+             "float16": "float16", "fp16": "float16"}
+    if str(value) not in names:
+        raise ConfigError(f"TRL key 'dtype': '{value}' has no equivalent here; set float32, bfloat16 or float16")
+    return names[str(value)]
+
+
+def report_to_value(value: Any) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value or [])
+    return [v for v in names if v != "none"]
