@@ -29,7 +29,8 @@ functions in the calling thread, as TRL does (code that relies on ``signal.alarm
 math-verify's own time limits, needs the main thread).
 
 Errors (a function raises, times out, returns something that is not a list of one value per
-completion, or a value that is not a finite number or None) are handled by the ``on_error`` mode (``reward.reward_errors``):
+completion, or a value that is not a finite number, NaN or None: NaN counts as None, "does not apply", as
+in TRL; +-inf is an error) are handled by the ``on_error`` mode (``reward.reward_errors``):
 
 * ``raise`` (default): a one-line :class:`RewardError` naming the function and the completion
   (index and a short excerpt; ``RewardError.index``). When the call on the whole batch raises, the
@@ -119,13 +120,17 @@ def _at(completions: list, i: int) -> str:
 
 
 def check_value(value: Any) -> tuple[float | None, str | None]:
-    """A reward value as (float or None, None), or (None, why it is unusable)."""
+    """A reward value as (float or None, None), or (None, why it is unusable). NaN is None ("does not
+    apply"), as in TRL, whose nan-aware means treat both alike; +-inf has no such meaning (TRL's group
+    mean and advantages would become inf or NaN) and is an error."""
     if value is None:
         return None, None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None, f"returned {value!r}: expected a finite number or None"
-    if not math.isfinite(float(value)):
-        return None, f"returned {float(value)!r}: expected a finite number or None"
+        return None, f"returned {value!r}: expected a finite number, NaN or None"
+    if math.isnan(float(value)):
+        return None, None
+    if math.isinf(float(value)):
+        return None, f"returned {float(value)!r}: expected a finite number, NaN or None"
     return float(value), None
 
 

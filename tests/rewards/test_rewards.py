@@ -2,6 +2,7 @@ import asyncio
 import math
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -144,7 +145,7 @@ def test_step_rewards_are_called_by_keyword_on_the_completion_text():
 
 
 @pytest.mark.parametrize("ret,message", [
-    ([float("nan")], "returned nan"), ([float("inf")], "returned inf"), (["1"], "expected a finite number"),
+    ([float("inf")], "returned inf"), ([float("-inf")], "returned -inf"), (["1"], "expected a finite number"),
     ([1.0, 2.0], "one value per completion"),
 ])
 def test_bad_reward_values_name_the_function(ret, message):
@@ -176,6 +177,25 @@ def test_load_reward_from_file(tmp_path):
     with pytest.raises(RewardError, match="unknown reward 'accuracyy'"):
         load_reward("accuracyy")
     assert load_reward("accuracy")[1] is arithmetic_accuracy
+
+
+@pytest.mark.parametrize("nan", [float("nan"), np.float32("nan"), torch.tensor(float("nan")).item()])
+def test_nan_reward_counts_as_none(nan):
+    """TRL turns None into NaN and takes nan-aware means (grpo_trainer.py _calculate_rewards and the group
+    baseline), so a NaN row is "does not apply", not an error: the total is the other functions' weighted sum."""
+    def a(completions, **kw):
+        return [1.0, nan, nan]
+
+    def b(completions, **kw):
+        return [2.0, 3.0, None]
+
+    for on_error in ("raise", "zero"):
+        s = score([("a", a), ("b", b)], [1.0, 0.5], ["p"] * 3, ["x", "y", "z"], {}, on_error=on_error)
+        assert s.per_function.flatten().tolist() == pytest.approx([1.0, 2.0, math.nan, 3.0, math.nan, math.nan],
+                                                                  nan_ok=True)
+        # row 0: 1*1 + 0.5*2 = 2; row 1: only b applies, 0.5*3 = 1.5; row 2: nothing applies -> NaN
+        assert s.total.tolist() == pytest.approx([2.0, 1.5, math.nan], nan_ok=True)
+        assert s.errors == {"a": 0, "b": 0}
 
 
 def test_all_none_rows_get_nan_total():
@@ -238,12 +258,12 @@ async def async_fails_on_bad(prompts, completions, **kw):
                             "('a bad one') (and 1 more completions)"),
     (fails_on_batches, None, "reward function 'f' raised RuntimeError: batch too large on the batch of 3 "
                              "completions, but no single completion fails alone"),
-    (lambda **kw: [1.0, float("nan"), 1.0], 1, "reward function 'f' returned nan: expected a finite number "
-                                                     "or None for completion 1 ('a bad one')"),
-    (lambda **kw: [1.0, 1.0, float("-inf")], 2, "reward function 'f' returned -inf: expected a finite number "
-                                                      "or None for completion 2 ('bad too')"),
-    (lambda **kw: [1.0, "2", 1.0], 1, "reward function 'f' returned '2': expected a finite number or None for "
-                                            "completion 1 ('a bad one')"),
+    (lambda **kw: [1.0, float("inf"), 1.0], 1, "reward function 'f' returned inf: expected a finite number, "
+                                                     "NaN or None for completion 1 ('a bad one')"),
+    (lambda **kw: [1.0, 1.0, float("-inf")], 2, "reward function 'f' returned -inf: expected a finite number, "
+                                                      "NaN or None for completion 2 ('bad too')"),
+    (lambda **kw: [1.0, "2", 1.0], 1, "reward function 'f' returned '2': expected a finite number, NaN or None "
+                                            "for completion 1 ('a bad one')"),
     (lambda **kw: [1.0], None, "reward function 'f' must return one value per completion (3), got 1"),
     (lambda **kw: None, None, "reward function 'f' must return a list of one value per completion (3), got None"),
 ])
