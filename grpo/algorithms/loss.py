@@ -147,31 +147,55 @@ AGGREGATIONS: dict[str, Aggregation] = {
 }
 
 
+def logprob_gap_sums(logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum_t |log pi(o_t) - log pi_sampler(o_t)| and the token count over `mask`, on the tensors' device
+    (no host sync; :func:`logprob_gap` is their ratio). Shape: [n, T] x3 -> [2] float32."""
+    m = mask.to(torch.float32)
+    return torch.stack([((logp.detach().float() - sampled.float()).abs() * m).sum(), m.sum()])
+
+
 def logprob_gap(logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> float:
     """Training-inference mismatch: mean |log pi(o_t) - log pi_sampler(o_t)| over the tokens of `mask`,
     the same policy's log-probs from the training forward and from the rollout (0 up to numerics; bf16
     rollouts or a different kernel show here). Shape: [n, T] x3 -> float (NaN without tokens)."""
-    m = mask.to(logp.dtype)
-    count = float(m.sum())
-    return float(((logp.detach() - sampled).abs() * m).sum()) / count if count else float("nan")
+    total, count = logprob_gap_sums(logp, sampled, mask).tolist()
+    return total / count if count else float("nan")
 
 
 # ---------------------------------------------------------------- the full objective
 
 
+# The statistics of one micro-batch's loss, in the order of ``LossTerms.stats``:
+LOSS_STATS = (
+    "loss",              # the micro-batch's share of the step loss (detached)
+    "policy",            # share of the policy (surrogate) term
+    "kl_term",           # share of the beta * KL term
+    "kl_sum",            # sum of per-token KL over active tokens (for the mean KL metric)
+    "clipped_sum",       # active tokens whose ratio was clipped (PPO clip)
+    "tokens",            # active tokens in this micro-batch
+    "dual_clipped_sum",  # active tokens capped by the dual clip (A < 0, ratio > c)
+    "entropy_term",      # share of the -entropy_coef * H term (<= 0: it lowers the loss)
+    "clipped_high_sum",  # of clipped_sum, tokens clipped at 1 + eps_high (ratio > 1; the rest at 1 - eps_low)
+)
+
+
+def _stat(index: int) -> property:
+    return property(lambda self: float(self.stats[index]), doc=f"``float(stats[{index}])`` (one host sync)")
+
+
 @dataclass
 class LossTerms:
-    """One micro-batch's share of the step loss, and sums for metrics."""
+    """One micro-batch's share of the step loss, and its statistics as one detached device tensor, so a
+    training loop can add them up over micro-batches and read them once per step (one host sync, not one
+    per statistic and micro-batch). The named attributes (``terms.policy``, ``terms.tokens``, ...) read
+    single values as floats."""
 
     loss: torch.Tensor          # scalar with grad; the micro-batch shares add up to the step loss
-    policy: float               # share of the policy (surrogate) term
-    kl_term: float              # share of the beta * KL term
-    kl_sum: float               # sum of per-token KL over active tokens (for the mean KL metric)
-    clipped_sum: float          # active tokens whose ratio was clipped (PPO clip)
-    tokens: float               # active tokens in this micro-batch
-    dual_clipped_sum: float = 0.0  # active tokens capped by the dual clip (A < 0, ratio > c)
-    entropy_term: float = 0.0   # share of the -entropy_coef * H term (<= 0: it lowers the loss)
-    clipped_high_sum: float = 0.0  # of clipped_sum, tokens clipped at 1 + eps_high (ratio > 1; the rest at 1 - eps_low)
+    stats: torch.Tensor         # [len(LOSS_STATS)] detached, on the loss's device (float32; float64 inputs: float64)
+
+
+for _i, _name in enumerate(LOSS_STATS[1:], start=1):      # stats[0] is `loss` detached: no float alias
+    setattr(LossTerms, _name, _stat(_i))
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
@@ -205,7 +229,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     sur = POLICY_LOSSES[policy_loss](log_ratio, logp, logp - old_logp, advantages, mask, params)
     per_token = sur.loss if policy_weight is None else sur.loss * policy_weight      # [n, T]
     policy = agg.numerator(per_token, mask) / normalizer
-    loss, kl_term, kl_sum, entropy_term = policy, 0.0, 0.0, 0.0
+    zero = policy.new_zeros(())
+    loss, kl_term, kl_sum, entropy_term = policy, zero, zero, zero
     if isinstance(beta, torch.Tensor):                                              # [n] per row
         with_kl = bool((beta > 0).any())
     else:                                                                           # a float: no device sync
@@ -220,15 +245,17 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
         weighted = kl * (row_beta.unsqueeze(1) if row_beta.dim() == 1 else row_beta)  # beta per row or scalar
         kl_share = agg.numerator(weighted, mask) / normalizer
         loss = loss + kl_share
-        kl_term, kl_sum = float(kl_share.detach()), float((kl.detach() * mask).sum())
+        kl_term, kl_sum = kl_share, (kl * mask).sum()
     if entropy_coef != 0:
         if entropy is None:
             raise ValueError("grpo_loss: entropy_coef != 0 needs the entropy (with autograd)")
         ent_share = -entropy_coef * agg.numerator(entropy, mask) / normalizer
         loss = loss + ent_share
-        entropy_term = float(ent_share.detach())
-    count = lambda b: float((b.to(mask.dtype) * mask).sum())  # noqa: E731
-    return LossTerms(loss=loss, policy=float(policy.detach()), kl_term=kl_term, kl_sum=kl_sum,
-                     clipped_sum=count(sur.clipped), tokens=float(mask.sum()),
-                     dual_clipped_sum=count(sur.dual_clipped), entropy_term=entropy_term,
-                     clipped_high_sum=count(sur.clipped & (log_ratio > 0)))
+        entropy_term = ent_share
+    dtype = torch.promote_types(logp.dtype, torch.float32)          # counts exact past bf16's 256; float64 stays
+    wide_mask = mask.to(dtype)
+    count = lambda b: (b.to(dtype) * wide_mask).sum()  # noqa: E731
+    stats = torch.stack([v.detach().to(dtype) for v in (
+        loss, policy, kl_term, kl_sum, count(sur.clipped), wide_mask.sum(), count(sur.dual_clipped), entropy_term,
+        count(sur.clipped & (log_ratio > 0)))])
+    return LossTerms(loss=loss, stats=stats)

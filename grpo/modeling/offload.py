@@ -20,6 +20,7 @@ Stores (one per mode):
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import tempfile
 
@@ -44,7 +45,7 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
 class DiskStore:
     """Tensors' bytes in one unnamed temporary file under `directory` (None = the system's temporary directory)."""
 
-    def __init__(self, tensors, directory: str | None = None):
+    def __init__(self, tensors, directory: str | None = None, pin: bool | None = None):
         if directory:
             os.makedirs(directory, exist_ok=True)
         self.file = tempfile.TemporaryFile(dir=directory)                  # unlinked at once
@@ -75,9 +76,10 @@ class DiskStore:
 class HostStore:
     """Tensors kept in host memory (pinned when they go to a CUDA device), copied to the device at each load."""
 
-    def __init__(self, tensors, directory: str | None = None):
+    def __init__(self, tensors, directory: str | None = None, pin: bool | None = None):
         tensors = list(tensors)
-        pin = any(t.device.type == "cuda" for t in tensors)                  # they come back to a GPU
+        if pin is None:                                                      # they come back to a GPU
+            pin = any(t.device.type == "cuda" for t in tensors)
         self.tensors = [t.detach().to("cpu").clone(memory_format=torch.contiguous_format) for t in tensors]
         if pin:
             self.tensors = [t.pin_memory() for t in self.tensors]
@@ -97,15 +99,22 @@ class Offloaded:
 
     Building it moves every parameter's data into the store (`mode` disk | cpu) and leaves an empty tensor of the
     same dtype on the same device in its place; :meth:`resident` puts the data back for a block.
+    `sources` (one tensor per parameter of ``unique_parameters(module)``, None = the parameters' own data): the
+    values to store instead, cast to each parameter's dtype one tensor at a time on the way to host memory, so
+    a module built hollow (:func:`hollow_copy`) never holds its weights on the device.
     """
 
-    def __init__(self, module: torch.nn.Module, mode: str, directory: str | None = None):
+    def __init__(self, module: torch.nn.Module, mode: str, directory: str | None = None, sources=None):
         if mode not in STORES:
             raise ValueError(f"train.ref_offload: no store '{mode}' (expected one of {', '.join(STORES)})")
         self.module = module
         self.params = unique_parameters(module)
         self.devices = [p.device for p in self.params]
-        self.store = STORES[mode]([p.data for p in self.params], directory)
+        if sources is None:
+            data = [p.data for p in self.params]
+        else:
+            data = (src.detach().to(device="cpu", dtype=p.dtype) for src, p in zip(sources, self.params, strict=True))
+        self.store = STORES[mode](data, directory, pin=any(d.type == "cuda" for d in self.devices))
         self.nbytes = self.store.nbytes
         self._release()
 
@@ -122,3 +131,23 @@ class Offloaded:
             yield self.module
         finally:
             self._release()
+
+
+def hollow_copy(module: torch.nn.Module) -> tuple[torch.nn.Module, dict[str, torch.nn.Parameter]]:
+    """A deep copy of `module` whose parameters are empty tensors (same dtype and device, no grad), and the
+    original parameters by qualified name (ties included): the copy's structure, buffers and hooks without a
+    second set of weights, for :class:`Offloaded` to fill its store from the originals (``sources``). A plain
+    ``copy.deepcopy`` holds both sets of weights on the device until the copy is offloaded."""
+    params = unique_parameters(module)
+    memo = {id(p): torch.nn.Parameter(torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False)
+            for p in params}
+    return copy.deepcopy(module, memo), dict(module.named_parameters(remove_duplicate=False))
+
+
+def sources_by_name(module: torch.nn.Module, originals: dict[str, torch.nn.Parameter]) -> list[torch.Tensor]:
+    """For each of ``unique_parameters(module)`` (a hollow copy, perhaps with parameters since replaced), the
+    original parameter of the same qualified name (its first name, for a tied one)."""
+    first: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        first.setdefault(id(p), name)
+    return [originals[first[id(p)]] for p in unique_parameters(module)]

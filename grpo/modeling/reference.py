@@ -19,7 +19,7 @@ import copy
 import torch
 
 from grpo.modeling.logprobs import fixed_logprobs
-from grpo.modeling.offload import Offloaded
+from grpo.modeling.offload import Offloaded, hollow_copy, sources_by_name
 from grpo.modeling.precision import store_frozen_linears
 
 
@@ -38,14 +38,22 @@ class FrozenCopy:
 
     `offload` (`train.ref_offload` as the runtime resolved it): disk | cpu keep the copy's weights in a file or in
     host memory between reference passes and load them for each pass only (grpo/modeling/offload.py): the same
-    log-probs, bit for bit, without the copy in memory through the rollout and the update."""
+    log-probs, bit for bit, without the copy in memory through the rollout and the update. Such a copy is built
+    hollow and its store filled from the policy's weights one tensor at a time, so the device never holds two
+    sets of weights (a plain deep copy would, until offloaded: a GPU run that needs the offload to fit would
+    fail before its first step)."""
 
     def __init__(self, policy: torch.nn.Module, storage_dtype: torch.dtype | None = None, offload: str = "none",
                  offload_dir: str | None = None):
-        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        if offload == "none":
+            self.model, originals = copy.deepcopy(policy), None
+        else:                                   # the weights go from the policy straight to the store
+            self.model, originals = hollow_copy(policy)
+        self.model.eval().requires_grad_(False)
         if storage_dtype is not None:           # train.precision bf16/fp16: linears kept in autocast's dtype
             store_frozen_linears(self.model, storage_dtype)
-        self.offloaded = Offloaded(self.model, offload, offload_dir) if offload != "none" else None
+        self.offloaded = None if originals is None else Offloaded(
+            self.model, offload, offload_dir, sources=sources_by_name(self.model, originals))
 
     def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0,
                  model_inputs=None):

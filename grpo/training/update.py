@@ -16,7 +16,7 @@ from grpo.algorithms.schedule import lr_factor
 from grpo.config import AlgorithmConfig, OptimConfig
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.modeling.workspace import release as release_workspaces
-from grpo.algorithms.loss import AGGREGATIONS, grpo_loss, logprob_gap
+from grpo.algorithms.loss import AGGREGATIONS, LOSS_STATS, grpo_loss, logprob_gap_sums
 from grpo.algorithms.policy_losses import PolicyLossParams
 from grpo.algorithms.stabilisers import off_policy_sequence_mask, rollout_correction_weights
 from grpo.modeling.precision import active_dtype, cast_frozen_linears, cast_trainable_linears, loss_scaler, paused
@@ -183,7 +183,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     policy_params = PolicyLossParams.of(algo)           # the algorithm keys of the same names
     optimizer.zero_grad(set_to_none=True)
     prefs = preference.step_inputs(batch.completion_mask) if preference is not None else None   # h [N, G], pos [N]
-    loss = policy = kl_loss = kl_sum = clipped = high = dual = tokens = ent_sum = ent_loss = gap_sum = gap_tokens = 0.0
+    sums = None          # on the device: LOSS_STATS, then the entropy sum, the log-prob gap's sum and tokens
     buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
                                                              micro_batch_tokens))   # FSDP2: same count on every rank
     with cast_frozen_linears(model, device), cast_trainable_linears(model, device):   # autocast: weights cast once
@@ -207,19 +207,18 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                 scaled = terms.loss * par.world_size              # x1 in one process (exact); wrappers average
                 with paused(device):
                     (scaled if scaler is None else scaler.scale(scaled)).backward()
-            if mb.old_logprobs is None and mb.sampling_logprobs is not None:    # mu = 1: the sampling policy
-                gap_sum += logprob_gap(logp, mb.sampling_logprobs, mb.completion_mask) * float(mb.completion_mask.sum())
-                gap_tokens += float(mb.completion_mask.sum())
-            loss += float(terms.loss.detach())
-            policy, kl_loss, kl_sum = policy + terms.policy, kl_loss + terms.kl_term, kl_sum + terms.kl_sum
-            clipped, dual, tokens = clipped + terms.clipped_sum, dual + terms.dual_clipped_sum, tokens + terms.tokens
-            ent_loss, high = ent_loss + terms.entropy_term, high + terms.clipped_high_sum
-            ent_sum += float((entropy.detach() * mb.completion_mask).sum())      # summed over active tokens
+            gap = (logprob_gap_sums(logp, mb.sampling_logprobs, mb.completion_mask)   # mu = 1: the sampling policy
+                   if mb.old_logprobs is None and mb.sampling_logprobs is not None else terms.stats.new_zeros(2))
+            ent = (entropy.detach() * mb.completion_mask).sum().reshape(1)            # summed over active tokens
+            part = torch.cat([terms.stats, ent.to(terms.stats.dtype), gap.to(terms.stats.dtype)])
+            sums = part if sums is None else sums + part       # added on the device: no host sync per micro-batch
     release_workspaces()               # the LM head's and padding's kept buffers: not through the optimizer step or rollout
     if amp is not None:
         torch.clear_autocast_cache()   # free the weights' casts before the step's peak (and they would be stale)
-    loss, policy, kl_loss, kl_sum, clipped, high, dual, tokens, ent_sum, ent_loss = par.reduce(
-        [loss, policy, kl_loss, kl_sum, clipped, high, dual, tokens, ent_sum, ent_loss])   # over ranks
+    names = (*LOSS_STATS, "entropy_sum", "gap_sum", "gap_tokens")
+    values = sums.tolist() if sums is not None else [0.0] * len(names)          # one host sync per step
+    stats = dict(zip(names, par.reduce(values)))
+    loss, tokens, gap_tokens = stats["loss"], stats["tokens"], stats["gap_tokens"]          # summed over ranks
     params = [p for p in model.parameters() if p.requires_grad]
     if scaler is not None:
         scaler.unscale_(optimizer)                            # true gradients (inf/nan where they overflowed)
@@ -235,9 +234,10 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     if not skipped:
         scheduler.step()
     tokens_ = max(tokens, 1.0)
-    return UpdateStats(loss=loss, policy_loss=policy, kl_loss=kl_loss,
-                       kl=kl_sum / tokens_ if beta > 0 else float("nan"),
-                       clip_fraction=clipped / tokens_, entropy=ent_sum / tokens_, grad_norm=grad_norm,
-                       lr=lr, skipped=skipped, dual_clip_fraction=dual / tokens_, entropy_loss=ent_loss,
-                       rollout_logprob_diff=gap_sum / gap_tokens if gap_tokens else float("nan"),
-                       clip_high_fraction=high / tokens_)
+    return UpdateStats(loss=loss, policy_loss=stats["policy"], kl_loss=stats["kl_term"],
+                       kl=stats["kl_sum"] / tokens_ if beta > 0 else float("nan"),
+                       clip_fraction=stats["clipped_sum"] / tokens_, entropy=stats["entropy_sum"] / tokens_,
+                       grad_norm=grad_norm, lr=lr, skipped=skipped,
+                       dual_clip_fraction=stats["dual_clipped_sum"] / tokens_, entropy_loss=stats["entropy_term"],
+                       rollout_logprob_diff=stats["gap_sum"] / gap_tokens if gap_tokens else float("nan"),
+                       clip_high_fraction=stats["clipped_high_sum"] / tokens_)

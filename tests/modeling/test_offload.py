@@ -75,3 +75,58 @@ def test_offloaded_module_is_empty_between_uses_and_exact_inside():
 def test_unknown_store_is_refused():
     with pytest.raises(ValueError, match="train.ref_offload: no store 'gpu'"):
         Offloaded(tiny_qwen2(), "gpu")
+
+
+def test_a_hollow_copy_holds_no_weights_and_keeps_ties_and_buffers():
+    from grpo.modeling.offload import hollow_copy, sources_by_name
+
+    model = tiny_qwen2(seed=5)
+    model.lm_head.weight = model.model.embed_tokens.weight                 # a tied head
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    copy_, originals = hollow_copy(model)
+    assert all(p.numel() == 0 and not p.requires_grad for p in copy_.parameters())
+    assert copy_.lm_head.weight is copy_.model.embed_tokens.weight          # the tie survives the copy
+    assert [p.dtype for p in copy_.parameters()] == [p.dtype for p in model.parameters()]
+    for (name, b), (_, a) in zip(model.named_buffers(), copy_.named_buffers()):   # buffers are real copies
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), name
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())   # the original is untouched
+    sources = sources_by_name(copy_, originals)
+    assert [s is p for s, p in zip(sources, unique_parameters(model))] == [True] * len(sources)
+
+
+def test_an_offloaded_reference_never_copies_a_weight_on_the_policys_device():
+    """`train.ref_offload` is there so that a reference that does not fit beside the policy need not: building
+    it must not make a second set of weights on the policy's device first (a deep copy would). Every new tensor
+    (not a view) an aten op creates while the disk-offloaded reference of a CPU policy is built is recorded."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from grpo.modeling.reference import build_reference
+
+    class Sizes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numels: list[int] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                      if isinstance(t, torch.Tensor)}
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:  # views: no
+                    self.numels.append(t.numel())
+            return out
+
+    policy = tiny_qwen2(vocab_size=4096, seed=6)                             # embedding / head: 131072 values
+    largest = max(p.numel() for p in policy.parameters())
+    with Sizes() as plain_sizes:
+        build_reference(policy, 0.04, offload="none")
+    assert max(plain_sizes.numels) == largest                                # the check sees a deep copy's clones
+    with Sizes() as sizes:
+        ref = build_reference(policy, 0.04, offload="disk")
+    assert max(sizes.numels, default=0) < largest
+    ids = torch.randint(2, 4096, (2, 6), generator=torch.Generator().manual_seed(0))
+    from grpo.modeling.logprobs import fixed_logprobs
+
+    assert torch.equal(ref.logprobs(ids, torch.ones_like(ids), 3, 1.0),
+                       fixed_logprobs(policy, ids, torch.ones_like(ids), 3, 1.0))
