@@ -252,8 +252,9 @@ def announce_run(out: Path, cfg: Config, ckpt: Checkpoint | None) -> int:
     held = previous_run(out, cfg) if ckpt is None and cfg.train.resume.strip() == "never" else None   # auto: a run
     # killed before its first checkpoint is started over, as documented (job scripts always pass --resume)
     if held and not cfg.train.overwrite_output_dir:
-        raise ConfigError(f"{out} already holds a run ({held}): pass --resume to continue it, set "
-                          f"train.overwrite_output_dir: true to start over there, or choose another train.output_dir")
+        raise ConfigError(f"{out} already holds a run ({held}): continue it (--resume; Python API: "
+                          f"train(resume_from_checkpoint=True)), start over there (train.overwrite_output_dir: true; "
+                          f"Python API / TRL: overwrite_output_dir=True), or choose another train.output_dir")
     if held:
         log.warning("warning: %s holds a run (%s); train.overwrite_output_dir: its checkpoints are deleted and its "
                     "metrics emptied once step 1 succeeds", out, held)

@@ -255,8 +255,10 @@ def test_a_fresh_run_in_a_used_directory_is_refused_unless_overwrite_output_dir(
     assert main(cli_argv(tiny_config(*env, out, **{"train.max_steps": 2}))) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {out} already holds a run (newest checkpoint: "
-                                                    "checkpoint-3): pass --resume to continue it, set "
-                                                    "train.overwrite_output_dir: true")
+                                                    "checkpoint-3): continue it (--resume; Python API: "
+                                                    "train(resume_from_checkpoint=True)), start over there "
+                                                    "(train.overwrite_output_dir: true; Python API / TRL: "
+                                                    "overwrite_output_dir=True)")
     assert snapshot(out) == before
     with caplog.at_level(logging.WARNING):
         run_in_process(tiny_config(*env, out, **{"train.max_steps": 2, "train.overwrite_output_dir": True}))
