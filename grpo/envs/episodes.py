@@ -13,6 +13,7 @@ from grpo.data.prompts import left_pad
 from grpo.envs.agent import EpisodeDriver
 from grpo.envs.environment import EnvFactory, resolve
 from grpo.envs.parsers import load_parser
+from grpo.rollout.eos import eos_token_ids
 from grpo.rollout.multiturn import sample_episodes
 from grpo.types import Generation
 
@@ -43,12 +44,13 @@ def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torc
         seqs = [tokenizer(p)["input_ids"] if isinstance(p, str) else ids[m.bool()].tolist()
                 for p, ids, m in zip(replaced, prompt_ids, prompt_mask)]
         prompt_ids, prompt_mask = left_pad(seqs, tokenizer.pad_token_id)
+    eos = eos_token_ids(tokenizer, model)                  # the tokenizer's + the generation config's: any ends it
     driver = EpisodeDriver(tokenizer, envs, load_parser(ro.tool_parser), max_turns=ro.max_turns,
                            observation_format=ro.observation_format, timeout_s=ro.tool_timeout_s,
-                           max_chars=ro.max_observation_chars)
+                           max_chars=ro.max_observation_chars, eos_token_ids=eos)
     gen = sample_episodes(model, prompt_ids.to(device), prompt_mask.to(device), driver, num_generations=k,
                           max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                          top_k=ro.top_k, min_p=ro.min_p, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                          top_k=ro.top_k, min_p=ro.min_p, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
                           seed=cfg.train.seed, prompt_index=torch.tensor(index, dtype=torch.long, device=device))
     return Episodes(gen, driver.messages, {"turn_rewards": driver.turn_rewards}, driver.metrics())
 

@@ -5,7 +5,8 @@ tokens, the model continues, in one decode loop over all G x B episodes.
         samples its next token (a model token: action mask 1), or
         is fed the next token of its pending observation (a forced token: action mask 0)
     -> after each sampled token the driver may end the turn (a tool call closed: observation tokens to
-       feed, or the episode is over); EOS ends an episode; `max_new_tokens` caps all tokens of it
+       feed, or the episode is over); an EOS (any id of `eos_token_id`) ends an episode; `max_new_tokens`
+       caps all tokens of it
 
 The KV cache is the one of :func:`grpo.rollout.sampler.prefill_shared` for the whole episode: an
 observation is fed token by token through the same cache as the model's own tokens, so no turn
@@ -20,10 +21,11 @@ The driver (grpo/envs/agent.py builds one) is any object with
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
+from grpo.rollout.eos import as_id_list
 from grpo.rollout.sampler import choose_tokens, sampling_mode, start_rows, step_uniforms
 from grpo.types import Generation
 
@@ -47,7 +49,7 @@ def sample_episodes(
     top_p: float = 1.0,
     top_k: int = 0,
     min_p: float = 0.0,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     seed: int = 0,
     prompt_index: torch.Tensor | None = None,
@@ -59,7 +61,8 @@ def sample_episodes(
     observations'), ``completion_mask`` 1 on all of them (they are context), ``action_mask`` 1 on the
     model's tokens only (what the loss and the KL see), ``sampling_logprobs`` 0 on observation tokens
     and ``truncated`` True for an episode that hit ``max_new_tokens`` or was ended by the driver
-    without an EOS.
+    without an EOS. ``eos_token_id``: one id or several (grpo.rollout.eos.eos_token_ids); any of them ends an
+    episode.
 
     Shape:
         prompt_ids, prompt_mask: [B, P], prompt_index: [B] -> Generation with N = B * num_generations rows
@@ -74,6 +77,7 @@ def sample_episodes(
         action = torch.zeros(n_rows, max_new_tokens, dtype=torch.long, device=device)     # [N, max_new]
         pending: dict[int, list[int]] = {}          # row -> observation tokens still to feed
         ended_by_eos = [False] * n_rows             # host-side: the loop below syncs once per token
+        eos = set(as_id_list(eos_token_id))          # the ids that end an episode, for that host loop
         steps = 0
         for step in range(max_new_tokens):
             block, uniforms = step_uniforms(keys, step, block, temperature)  # [n]
@@ -95,7 +99,7 @@ def sample_episodes(
             for i, (r, t) in enumerate(zip(rows, tokens.tolist())):
                 if i in was_forced:
                     continue
-                if t == eos_token_id:
+                if t in eos:
                     keep[i], ended_by_eos[r] = False, True
                     driver.finish(r, True)
                     continue

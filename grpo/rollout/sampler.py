@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -26,22 +27,12 @@ from grpo.modeling.precision import cast_frozen_linears
 from grpo.modeling.decoder import (LeanDecoder, StaticCache, cache_inputs, forward_parameters, lean_decoder,
                                    positions_from_mask, returned_cache)
 from grpo.rollout.choice import Scratch, choose_tokens, draw, filter_logits, mark_seen  # noqa: F401 (re-exported)
+from grpo.rollout.eos import as_id_tensor, completion_mask_from_ids, ended_with_eos  # noqa: F401 (re-exported)
 from grpo.rollout.keyed import row_keys, token_uniforms
 from grpo.types import Generation  # noqa: F401  (the output of sample)
 
 #: Decode steps whose uniforms are computed at once (one hash of [n, 32] instead of 32 hashes of [n]).
 UNIFORM_BLOCK = 32
-
-
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 up to and including the first EOS of each row, 0 after (works when pad == EOS).
-
-    Shape:
-        completion_ids: [N, T] -> [N, T] long
-    """
-    is_eos = (completion_ids == eos_token_id).long()  # [N, T]
-    eos_seen_before = is_eos.cumsum(dim=-1) - is_eos  # [N, T]
-    return (eos_seen_before == 0).long()  # [N, T]
 
 
 def _last_logits(model, **inputs) -> tuple[torch.Tensor, object]:
@@ -211,7 +202,7 @@ def sample(
     top_k: int = 0,
     min_p: float = 0.0,
     repetition_penalty: float = 1.0,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     seed: int = 0,
     prompt_index: torch.Tensor | None = None,
@@ -231,6 +222,8 @@ def sample(
     come back in the Generation repeated G times.
     ``min_p`` and ``repetition_penalty`` (over each row's prompt and completion tokens) shape the token
     choice as Hugging Face's generate does (grpo/rollout/choice.py); 0 and 1 switch them off.
+    ``eos_token_id``: one id or several (grpo.rollout.eos.eos_token_ids: the tokenizer's and the generation
+    config's); a row ends at the first of any of them, which stays in its completion mask.
 
     Shape:
         prompt_ids, prompt_mask: [B, P], prompt_index: [B] long -> Generation with N = B * num_generations rows
@@ -240,6 +233,7 @@ def sample(
             model, prompt_ids, prompt_mask, num_generations, max_new_tokens, seed, prompt_index, lean, device,
             model_inputs)
         n_rows = running.numel()
+        eos = as_id_tensor(eos_token_id, device)  # [E] every id that ends a row
         block = None  # [n, UNIFORM_BLOCK] uniforms of the running rows for the current block of steps
         completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
@@ -256,7 +250,7 @@ def sample(
             completion_ids[running, step] = tokens
             logprobs[running, step] = token_logprobs
             steps = step + 1
-            keep = tokens != eos_token_id  # [n]
+            keep = ~torch.isin(tokens, eos)  # [n] one membership test per token, on the device
             live = int(keep.sum()) if steps < max_new_tokens else 0      # one device sync per token
             if live == 0:
                 break
@@ -271,15 +265,14 @@ def sample(
             logits = decoding.step(tokens)  # [n, V]
 
     completion_ids = completion_ids[:, :steps]  # [N, T]
-    completion_mask = completion_mask_from_ids(completion_ids, eos_token_id)  # [N, T]
-    ended_with_eos = ((completion_ids == eos_token_id) & completion_mask.bool()).any(dim=-1)  # [N]
+    completion_mask = completion_mask_from_ids(completion_ids, eos)  # [N, T]
     return Generation(
         prompt_ids=prompt_ids.repeat_interleave(num_generations, dim=0),  # [N, P]
         prompt_mask=prompt_mask.repeat_interleave(num_generations, dim=0),  # [N, P]
         completion_ids=completion_ids,
         completion_mask=completion_mask,
         sampling_logprobs=logprobs[:, :steps] * completion_mask,  # [N, T]
-        truncated=~ended_with_eos,  # [N]
+        truncated=~ended_with_eos(completion_ids, completion_mask, eos),  # [N]
         model_inputs={k: v.to(device).repeat_interleave(num_generations, dim=0)  # [N, ...]
                       for k, v in (model_inputs or {}).items()},
     )

@@ -12,7 +12,7 @@ from grpo.algorithms.sampling_metrics import maj_at_k, pass_at_k
 from grpo.data.prompts import tokenize_prompts
 from grpo.rewards import RewardFn, score
 from grpo.rewards.text import chat_completions
-from grpo.rollout import sample
+from grpo.rollout import eos_token_ids, sample
 
 
 def _decode(model, tokenizer, chunk: list[dict[str, Any]], start: int, *, max_new_tokens: int, temperature: float,
@@ -23,7 +23,7 @@ def _decode(model, tokenizer, chunk: list[dict[str, Any]], start: int, *, max_ne
     device = next(model.parameters()).device
     batch = tokenize_prompts(tokenizer, chunk, device)
     gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=num_samples,
-                 max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=tokenizer.eos_token_id,
+                 max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_ids(tokenizer, model),
                  pad_token_id=tokenizer.pad_token_id, seed=seed,
                  prompt_index=torch.arange(start, start + len(chunk), device=device))   # [b] row keys
     return batch, gen, decode_completions(tokenizer, gen)

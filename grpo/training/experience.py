@@ -28,7 +28,7 @@ from grpo.rewards import score
 from grpo.rewards.process import score_steps
 from grpo.rewards.text import chat_completions
 from grpo.envs.episodes import play_episodes, turn_ids
-from grpo.rollout import Generation, sample
+from grpo.rollout import Generation, completion_text, eos_token_ids, sample
 from grpo.rollout.batching import concat_generations, select_rows
 from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
                           soft_overlong_penalty, token_step_ids, top_entropy_mask)
@@ -47,12 +47,11 @@ def select_groups(groups: Groups, index: torch.Tensor) -> Groups:
 
 
 def decode_completions(tokenizer, gen: Generation) -> list[str]:
-    """Completion texts without padding and without the closing EOS token."""
-    texts = []
-    for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist()):
-        ids = [t for t, m in zip(ids, mask) if m and t != tokenizer.eos_token_id]
-        texts.append(tokenizer.decode(ids, skip_special_tokens=False))
-    return texts
+    """Completion texts as TRL gives them to reward functions: the masked ids (no padding) decoded with
+    special tokens skipped, so the closing EOS / end-of-turn token and any other special token are not in the
+    text (grpo.rollout.eos.completion_text)."""
+    return [completion_text(tokenizer, [t for t, m in zip(ids, mask) if m])
+            for ids, mask in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
 
 
 def completion_id_lists(gen: Generation) -> list[list[int]]:
@@ -93,7 +92,7 @@ def _rollout(model, tokenizer, rows: list[dict], prompts, cfg: Config, k: int, i
     return sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
                   max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
                   top_k=ro.top_k, min_p=ro.min_p, repetition_penalty=ro.repetition_penalty,
-                  eos_token_id=tokenizer.eos_token_id,
+                  eos_token_id=eos_token_ids(tokenizer, model),       # the tokenizer's + generation_config's
                   pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed,
                   model_inputs=prompts.model_inputs), None                                  # [B*k, T]
 

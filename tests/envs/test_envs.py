@@ -178,3 +178,28 @@ def test_environment_specs_and_their_errors(tmp_path):
         load_env("shell")
     with pytest.raises(TypeError, match="environment int has no reset"):
         load_env(3)
+
+
+def test_the_driver_parses_special_tool_call_tags_and_keeps_them_in_the_messages():
+    """A tokenizer whose <tool_call> tags are special tokens (and with an end-of-turn <|im_end|> listed as an
+    EOS): the parser still reads the call in the raw text, the messages keep the tags but no other special
+    token (as TRL's skip_special_tokens=True text), and no EOS id reaches any text."""
+    from tokenizers import AddedToken
+
+    from grpo.modeling.models import build_tokenizer
+
+    tok = build_tokenizer()
+    tags = ("<tool_call>", "</tool_call>", "<|im_end|>")
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in tags], special_tokens=True)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    d = EpisodeDriver(tok, [CalculatorEnv()], parse_call, max_turns=2, observation_format="{}", timeout_s=1.0,
+                      max_chars=64, eos_token_ids=(tok.eos_token_id, im_end))
+    ids = tok("a<|unk|><tool_call>calc(2+3)</tool_call>", add_special_tokens=False)["input_ids"]
+    answers = [d.after_token(0, t) for t in ids]
+    assert tok.decode(answers[-1][0]) == "5" and not answers[-1][1]
+    for t in tok("<answer>5</answer>", add_special_tokens=False)["input_ids"] + [im_end]:
+        d.after_token(0, t)
+    d.finish(0, True)
+    assert d.messages[0] == [{"role": "assistant", "content": "a<tool_call>calc(2+3)</tool_call>"},
+                             {"role": "tool", "content": "5"},
+                             {"role": "assistant", "content": "<answer>5</answer>"}]

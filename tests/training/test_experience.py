@@ -252,3 +252,46 @@ def test_a_dataset_column_named_completion_ids_is_an_error_not_replaced():
 
     with pytest.raises(RewardError, match="a column is named 'completion_ids'.*rename it"):
         reward_columns({"completion_ids": [[1, 2]]}, None)
+
+
+def test_decode_completions_skips_special_tokens_as_trl_does():
+    """TRL decodes with skip_special_tokens=True (grpo_trainer.py ~2244): '42<|unk|>7<eos>' reads '427';
+    the padding after the EOS is out of the mask; <think>/<answer> are not special tokens and stay."""
+    from grpo.training.experience import decode_completions
+
+    tok = build_tokenizer()
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = [enc("42") + [tok.unk_token_id] + enc("7") + [tok.eos_token_id, tok.pad_token_id],
+            enc("<think>1</think><answer>2</answer>")]                  # 6 tokens: the tags are single tokens
+    masks = [[1, 1, 1, 1, 1, 0], [1] * 6]
+    gen = Generation(torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), torch.tensor(rows),
+                     torch.tensor(masks), torch.zeros(2, 6), torch.zeros(2, dtype=torch.bool))
+    assert decode_completions(tok, gen) == ["427", "<think>1</think><answer>2</answer>"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_every_generation_config_eos_id_ends_a_completion(tmp_path, chat):
+    """As TRL (grpo_trainer.py ~409-416): every id of generation_config.eos_token_id ends a completion. With every
+    id listed, each completion is its first token (TRL's reproducer gives lengths [1, 1, ...]), kept in the
+    mask and not truncated; rewards read its text with special tokens skipped, as a string or a message."""
+    cfg = build_config(overrides={**BASE, "data.dataset": str(write_dataset(tmp_path / "d.jsonl", chat=chat)),
+                                  "reward.functions": ["format"]})
+    tok = build_tokenizer()
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    model = build_model(tok, "micro", seed=0)
+    model.generation_config.eos_token_id = list(range(len(tok)))
+    rows = load_prompts(cfg.data, 0, tok).rows[:2]
+    seen = {}
+
+    def reward(completions, completion_ids, **kwargs):
+        seen.update(completions=completions, completion_ids=completion_ids)
+        return [0.0] * len(completions)
+
+    groups = draw_groups(model, tok, rows, [("r", reward)], cfg, [0, 1], "cpu")
+    assert [len(ids) for ids in seen["completion_ids"]] == [1] * 8
+    assert groups.gen.completion_mask.tolist() == [[1]] * 8 and not groups.gen.truncated.any()
+    special = set(tok.all_special_ids)
+    texts = ["" if ids[0] in special else tok.convert_ids_to_tokens(ids[0]) for ids in seen["completion_ids"]]
+    assert groups.completions == texts
+    assert seen["completions"] == ([[{"role": "assistant", "content": t}] for t in texts] if chat else texts)
