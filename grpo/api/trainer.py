@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from grpo.training.callbacks import CallbackList
@@ -73,6 +72,8 @@ class Trainer:
         if processing_class is not None and tokenizer is not None:
             raise TypeError("give tokenizer= or its alias processing_class=, not both")
         config, tokenizer = config if args is None else args, tokenizer if processing_class is None else processing_class
+        for what, given in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            refuse_iterable(what, given)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         cfg = resolve_config(config, world_size=world)
         self.records, dataset_path = resolve_dataset(train_dataset, cfg.data.split)
@@ -115,9 +116,11 @@ class Trainer:
         self.model, self.tokenizer = resolve_model(model, tokenizer, cfg, self.runtime)
         self.callbacks = CallbackList(callbacks, cfg)
         self.result = None
+        self.callbacks.init_end(self.model, self.tokenizer)  # Hugging Face's on_init_end
 
     def train(self, resume_from_checkpoint: bool | str | None = None):
-        """Run GRPO; returns a grpo.training.loop.TrainResult (model, tokenizer, steps, output_dir, checkpoint, metrics).
+        """Run GRPO; returns a grpo.training.loop.TrainResult (model, tokenizer, steps, output_dir, checkpoint, metrics;
+        and TRL's TrainOutput fields global_step and training_loss: ``global_step, training_loss, metrics = ...``).
         ``resume_from_checkpoint`` (TRL's): True continues from the newest valid checkpoint of the output
         directory, a path from that checkpoint (``train.resume`` auto / PATH); None / False: the config's."""
         from grpo.training.loop import Job, run
@@ -149,15 +152,47 @@ class Trainer:
         return self.tokenizer
 
     @property
-    def state(self) -> SimpleNamespace:
-        """What TRL users read from ``trainer.state``: ``global_step`` (the last step done), ``max_steps`` and
-        ``log_history`` (every step's record of the output directory's metrics file, as plain dicts)."""
-        import json
+    def state(self) -> Any:
+        """TRL's ``trainer.state``, a ``transformers.TrainerState`` counting optimizer updates as TRL does
+        (``global_step``, ``max_steps``, ``epoch``, ``num_train_epochs``, ...). ``log_history`` holds every step's
+        metrics record with TRL's names added (``loss``, ``reward``, ``rewards/<fn>/mean``, ``step`` = global step,
+        grpo's ``grpo_step``). Before train(): the records of the output directory's metrics file."""
+        hf = self.callbacks.hf
+        if hf.progress is None and not hf.state.log_history:   # not trained here yet: what the directory holds
+            from grpo.health.monitor import read_jsonl
+            from grpo.training.trl_view import TrlProgress
 
-        path = Path(self.config.train.output_dir) / self.config.log.metrics_file
-        history = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-        return SimpleNamespace(global_step=history[-1]["step"] if history else 0, max_steps=self.config.train.max_steps,
-                               log_history=history)
+            path = Path(self.config.train.output_dir) / self.config.log.metrics_file
+            hf.state.log_history = TrlProgress(self.config, 0, read_jsonl(path)).log_history
+            hf.state.global_step = hf.state.log_history[-1]["step"] if hf.state.log_history else 0
+        return hf.state
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """transformers' ``Trainer.log``: add `logs` (with ``epoch``) to ``state.log_history`` under the current
+        global step and call the TrainerCallbacks' ``on_log``. metrics.jsonl is not changed."""
+        state = self.state
+        logs = {**logs, "epoch": state.epoch} if state.epoch is not None else dict(logs)
+        state.log_history.append({**logs, "step": state.global_step})
+        self.callbacks.hf.event("on_log", logs=logs)
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a callback (an instance or a TrainerCallback class), as transformers' ``add_callback``."""
+        self.callbacks.add(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return a callback (an instance, or the first of a class); None when there is none."""
+        return self.callbacks.pop(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        """Remove a callback (an instance, or the first of a class); an instance that is not there is an error."""
+        if self.callbacks.pop(callback) is None and not isinstance(callback, type):
+            raise ValueError(f"remove_callback: {type(callback).__name__} is not one of this trainer's callbacks")
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: grpo does not upload (TRL's ``push_to_hub``)."""
+        raise NotImplementedError(
+            "push_to_hub: grpo does not upload models; save with trainer.save_model(dir) and upload that directory "
+            "yourself with huggingface_hub: HfApi().upload_folder(folder_path=dir, repo_id=...)")
 
     def stop(self) -> None:
         """Ask a running train() to stop after the current step, with a checkpoint (as on SIGINT)."""
@@ -186,6 +221,17 @@ class Trainer:
         return evaluate(self.model, self.tokenizer, rows, self.rewards,
                         max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens, temperature=temperature,
                         seed=cfg.train.seed, timeout_s=cfg.reward.timeout_s, on_error=cfg.reward.reward_errors)
+
+
+def refuse_iterable(what: str, dataset: Any) -> None:
+    """A one-line error for a ``datasets.IterableDataset``, saying how to pass its rows."""
+    if type(dataset).__name__ == "IterableDataset":
+        from grpo.data.datasets_io import DataError
+
+        raise DataError(f"{what}: an IterableDataset is not supported (the prompts are reshuffled every epoch and a "
+                        "resumed run finds its place by index); pass its rows as a Dataset: "
+                        "Dataset.from_list(list(ds.take(n))) for the first n, or Dataset.from_generator(lambda: "
+                        "(yield from ds)) for all")
 
 
 def model_type(model: Any, cfg: Config) -> str | None:

@@ -5,9 +5,12 @@ names them, or takes ``**kwargs``, gets them here too; one that does neither is 
 
 * ``trainer_state``: the training progress, read by curriculum rewards (``trainer_state.global_step /
   trainer_state.max_steps``). Here a :class:`TrainerState` with the fields of ``transformers.TrainerState``
-  such rewards read: ``global_step`` (optimizer steps done before this batch: 0 while the first step's
-  completions are scored, as in TRL), ``max_steps`` and ``epoch`` (prompts drawn before this batch over
-  the train set's prompts).
+  that have a meaning here, counted as TRL counts them (grpo/training/trl_view.py): ``global_step`` (optimizer
+  updates done before this batch: 0 while the first step's completions are scored, as in TRL; a grpo step
+  does ``algorithm.updates_per_step`` of them), ``max_steps`` (the run's optimizer updates), ``epoch``
+  (prompts drawn before this batch over the train set's prompts), ``num_train_epochs``, ``log_history``
+  (the steps logged so far, with TRL's key names), ``logging_steps``, ``save_steps``, ``eval_steps``,
+  ``train_batch_size`` and ``is_world_process_zero`` / ``is_local_process_zero``.
 * ``log_metric(name, value)``: a scalar of this step; the step's values are averaged and written to
   metrics.jsonl under ``name`` (``reward_log/<name>`` when ``name`` is one of the trainer's own keys).
 * ``log_extra(column, values)``: one value per completion of the call, added to those completions'
@@ -36,16 +39,20 @@ CONTEXT_KEYWORDS = ("trainer_state", "log_extra", "log_metric")
 
 @dataclasses.dataclass
 class TrainerState:
-    """The training progress a reward function can read (the fields of transformers.TrainerState it uses)."""
+    """The training progress a reward function can read (the fields of transformers.TrainerState that have a
+    meaning here; steps count optimizer updates, as TRL's do). grpo/training/trl_view.py fills it in."""
 
     global_step: int = 0
     max_steps: int = 0
     epoch: float = 0.0
-
-    @classmethod
-    def before(cls, step: int, max_steps: int, prompts_per_step: int, num_prompts: int) -> TrainerState:
-        """The state while step `step` (1-based) is scored: step - 1 steps done, their prompts drawn."""
-        return cls(step - 1, max_steps, (step - 1) * prompts_per_step / max(1, num_prompts))
+    num_train_epochs: int = 0
+    logging_steps: int = 1
+    eval_steps: int = 0
+    save_steps: int = 0
+    train_batch_size: int | None = None
+    log_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
 
 
 class RewardLog:
@@ -112,5 +119,6 @@ def context_kwargs(fn: Callable[..., Any]) -> dict[str, Any]:
     if not wanted:
         return {}
     state, log = _CURRENT.get() or (TrainerState(), RewardLog())
-    available = {"trainer_state": dataclasses.replace(state), "log_extra": log.log_extra, "log_metric": log.log_metric}
+    copy = dataclasses.replace(state, log_history=[dict(r) for r in state.log_history])   # the run's stays intact
+    available = {"trainer_state": copy, "log_extra": log.log_extra, "log_metric": log.log_metric}
     return {k: available[k] for k in wanted}

@@ -51,11 +51,48 @@ class CallbackList:
     """The run's callbacks, called in order; also holds a stop request made from outside the loop."""
 
     def __init__(self, callbacks: list | tuple | None = None, cfg: Any = None):
-        from grpo.training.hf_callbacks import HFCallback, is_hf_callback   # TRL's TrainerCallback objects
+        from grpo.training.hf_callbacks import HFCallbacks, is_hf_callback   # TRL's TrainerCallback objects
 
-        self.callbacks = [HFCallback(cb, cfg) if is_hf_callback(cb) else check_callback(cb, i)
-                          for i, cb in enumerate(callbacks or [])]
+        callbacks = list(callbacks or [])
+        hf = [cb for cb in callbacks if is_hf_callback(cb)]
+        self.hf = HFCallbacks(hf, cfg)        # all TrainerCallbacks, one state and control, at the first one's place
+        at = next((i for i, cb in enumerate(callbacks) if is_hf_callback(cb)), len(callbacks))
+        self.callbacks = [check_callback(cb, i) for i, cb in enumerate(callbacks) if not is_hf_callback(cb)]
+        self.callbacks.insert(sum(not is_hf_callback(cb) for cb in callbacks[:at]), self.hf)
         self.stop_requested = False
+
+    def add(self, cb: Any) -> None:
+        """Add a callback (a TrainerCallback instance or class joins the Hugging Face ones)."""
+        from grpo.training.hf_callbacks import is_hf_callback
+
+        if is_hf_callback(cb):
+            self.hf.add(cb)
+        else:
+            self.callbacks.append(check_callback(cb, len(self.callbacks)))
+
+    def pop(self, cb: Any) -> Any:
+        """Remove and return `cb` (an instance, or the first instance of a class); None when absent."""
+        for c in self.callbacks:
+            if c is not self.hf and (isinstance(c, cb) if isinstance(cb, type) else c == cb):
+                self.callbacks.remove(c)
+                return c
+        return self.hf.pop(cb)
+
+    def init_end(self, model: Any, tokenizer: Any) -> None:
+        """The Trainer is built (Hugging Face's on_init_end)."""
+        self.hf.init_end(model, tokenizer)
+
+    def train_begin(self, state: Any, progress: Any, first: int) -> None:
+        """Before the run's first step `first`: `state` is the loop's TrainState, `progress` its
+        grpo.training.trl_view.TrlProgress (Hugging Face's on_train_begin, on_epoch_begin)."""
+        self.hf.train_begin(state, progress, first)
+
+    def step_begin(self, step: int) -> None:
+        self.hf.step_begin(step)
+
+    def update_end(self, step: int) -> None:
+        """After each optimizer update of step `step`."""
+        self.hf.update_end(step)
 
     def request_stop(self) -> None:
         self.stop_requested = True

@@ -48,11 +48,13 @@ from grpo.training.run_checks import check_run, longest_prompt
 from grpo.events import emit
 from grpo.health import HealthMonitor
 from grpo.state.samples import SAMPLES_FILE, pick_samples, write_samples
-from grpo.rewards.context import TrainerState, reward_context
+from grpo.rewards.context import reward_context
 from grpo.state.signals import GracefulStop
 from grpo.types import TrainBatch
 from grpo.training.update import UpdateStats, build_optimizer, policy_update
 from grpo.training.world import init_world
+from grpo.training.trl_view import TrlProgress
+from grpo.health.monitor import read_jsonl
 
 
 @dataclass
@@ -66,6 +68,15 @@ class TrainResult:
     stopped_by: str | None = None     # "SIGINT" / "SIGTERM" / "callback" / "health" when the run ended early
     signum: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)   # the last step's metrics record
+    global_step: int = 0              # TRL's count: optimizer updates done (steps x algorithm.updates_per_step)
+    training_loss: float = 0.0        # TRL's: the mean loss of this session's steps
+
+    def __iter__(self):
+        """``global_step, training_loss, metrics = trainer.train()``, as TRL's TrainOutput unpacks."""
+        return iter((self.global_step, self.training_loss, self.metrics))
+
+    def __getitem__(self, i: int) -> Any:
+        return tuple(self)[i]
 
 
 @dataclass
@@ -104,9 +115,10 @@ def mean_stats(stats: list[UpdateStats]) -> dict[str, float]:
     return {f: float(np.mean([float(getattr(s, f)) for s in stats])) for f in fields}
 
 
-def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, plan) -> UpdateStats:
+def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, plan,
+           callbacks: CallbackList) -> UpdateStats:
     """One optimizer update on the step's batch, as the memory plan says (grpo.training.memory_plan.MemoryPlan:
-    micro-batch tokens, checkpointing, LM-head chunk); the `update` test hook fires after it."""
+    micro-batch tokens, checkpointing, LM-head chunk); the `update` test hook and the callbacks fire after it."""
     policy, hooks = world.update_target()
     control = entropy_control_of(state.extras)                  # algorithm.entropy_control adaptive
     stats = policy_update(policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
@@ -121,6 +133,7 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
         control.observe(stats.entropy)
     state.optimizer.zero_grad(set_to_none=True)   # not needed before the next update: out of the rollout's peak
     emit("update", step)
+    callbacks.update_end(step)
     return stats
 
 
@@ -187,20 +200,23 @@ def _run(job: Job, world, out: Path) -> TrainResult:
             print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
         budget = plan.logprob_tokens                           # tokens per no-grad pass (reference, old policy)
         record: dict[str, Any] = {}
+        progress = TrlProgress(cfg, len(prompt_set.rows), read_jsonl(out / cfg.log.metrics_file, first),  # TRL's counts
+                               world.is_main, world.world_size)
+        callbacks.train_begin(state, progress, first)
         logger = world.logger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done, config=cfg)
         with logger, GracefulStop() as stop:
             for step in range(first, tc.max_steps + 1):
                 runtime.reset_memory_stats()
                 t0 = time.perf_counter()
-                progress = TrainerState.before(step, tc.max_steps, tc.prompts_per_step, len(prompt_set.rows))
-                with reward_context(progress) as reward_log, autocast(runtime.device, tc.precision):   # train.precision
+                callbacks.step_begin(step)
+                with reward_context(progress.reward_state(step)) as reward_log, autocast(runtime.device, tc.precision):   # train.precision
                     exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
                                           state.reference, run_cfg, runtime.device, max_tokens=budget, env=job.env,
                                           critic=critic_of(state.extras))
                 emit("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
-                    stats = [update(state, part, cfg, step, world, plan) for _ in range(algo.num_iterations)
+                    stats = [update(state, part, cfg, step, world, plan, callbacks) for _ in range(algo.num_iterations)
                              for part in mini_batches(exp.batch, algo.mini_batches)]    # PPO epochs x mini-batches
                 world.after_update(state)                      # FSDP2: new full weights into the rollout model
                 times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
@@ -213,13 +229,14 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 logged, extra_columns = reward_log.finish(record, len(exp.groups.completions))  # log_metric, log_extra
                 record.update(logged)
                 if held_out is not None and step % tc.eval_steps == 0 and world.is_main:   # train.eval_steps
-                    with reward_context(progress):
+                    with reward_context(progress.reward_state(step + 1)):   # after the step's updates
                         record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
                 if step == first and world.is_main:
                     logger.start_trackers()                    # a tracker failing to start changes nothing here
                     begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
                 findings = health.observe(record)              # health/<rule> levels go into the record
                 logger.log(record)
+                progress.log(record)                           # log_history with TRL's names (rewards, HF callbacks)
                 health.report(findings)                        # console, alerts.jsonl
                 if world.is_main and cfg.log.samples_per_step:
                     write_samples(out / SAMPLES_FILE, pick_samples(step, exp, cfg.rollout.num_generations,
@@ -245,7 +262,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
     stopped_by = stop.signal_name or ("health" if health.halt is not None and done < tc.max_steps else None) or (
         "callback" if callbacks.stop_requested and done < tc.max_steps else None)
     result = TrainResult(model, tokenizer, done, out, checkpoint, time.perf_counter() - start, stopped_by,
-                         stop.signum, record)
+                         stop.signum, record, progress.global_step(done), progress.training_loss())
     callbacks.train_end(result)
     return result
 

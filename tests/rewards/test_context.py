@@ -16,6 +16,9 @@ def named(prompts, completions, trainer_state):
 
 def open_ended(completions, **kwargs):
     kwargs["trainer_state"].global_step = 99           # the run's state must not change
+    for record in kwargs["trainer_state"].log_history:  # nor its history
+        record["loss"] = 9.0
+    kwargs["trainer_state"].log_history.append({})
     kwargs["log_metric"]("mean_len", sum(map(len, completions)) / len(completions))
     kwargs["log_extra"]("len", [len(c) for c in completions])
     return [1.0] * len(completions)
@@ -35,13 +38,13 @@ def test_each_function_gets_the_context_keywords_it_can_take():
 
 
 def test_state_and_logs_inside_a_step_context():
-    state = TrainerState.before(step=5, max_steps=10, prompts_per_step=4, num_prompts=8)
-    assert state == TrainerState(global_step=4, max_steps=10, epoch=2.0)
+    state = TrainerState(global_step=4, max_steps=10, epoch=2.0, log_history=[{"loss": 0.5, "step": 4}])
     with reward_context(state) as log:
         out = score([("named", named), ("open", open_ended)], None, PROMPTS, COMPLETIONS, {})
         score([("open", open_ended)], None, PROMPTS[:2], COMPLETIONS[:2], {})
     assert out.per_function[:, 0].tolist() == [4.0] * 4
     assert state.global_step == 4                      # open_ended changed its copy only
+    assert state.log_history == [{"loss": 0.5, "step": 4}]
     metrics, columns = log.finish({"mean_len": 1.0}, count=2)
     assert metrics == {"reward_log/mean_len": pytest.approx((2.5 + 1.5) / 2)}   # taken by the trainer: renamed
     assert columns == {"len": [1, 2]}                  # the last call's column, one value per completion
