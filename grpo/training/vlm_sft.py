@@ -26,6 +26,7 @@ from grpo.modeling.vlm import (build_image_processor, build_vlm, build_vlm_token
                                vision_rows)
 from grpo.rewards.text import answer_block, think_answer_parts
 from grpo.rollout import sample
+from grpo.rollout.eos import eos_token_ids
 from grpo.training.experience import decode_completions
 from grpo.training.sft import IGNORE_INDEX, build_batch
 
@@ -56,7 +57,7 @@ def answer(model, tokenizer, rows: list[dict], temperature: float = 0.0, num_gen
         batch = tokenize_prompts(tokenizer, part, device)                                # pixel_values -> model_inputs
         index = torch.arange(start, start + len(part), device=device)
         gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=num_generations,
-                     max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=tokenizer.eos_token_id,
+                     max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_ids(tokenizer, model),
                      pad_token_id=tokenizer.pad_token_id, seed=seed, prompt_index=index,
                      model_inputs=batch.model_inputs)
         out += decode_completions(tokenizer, gen)
