@@ -39,7 +39,8 @@ def split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], di
     for key, value in flat.items():
         if not isinstance(key, str):
             raise ConfigError(f"config keys must be strings, got {key!r}")
-        if key in SECTIONS or ("." not in key and isinstance(value, dict) and not is_trl_key(key)):   # a misspelt section
+        if (key in SECTIONS and (isinstance(value, dict) or not is_trl_key(key))     # `optim: adamw_torch`: TRL's
+                or ("." not in key and isinstance(value, dict) and not is_trl_key(key))):   # a misspelt section
             nested[key] = value
         elif "." in key:
             ours[key] = value
@@ -49,8 +50,8 @@ def split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], di
 
 
 def changed_fields(obj: Any) -> dict[str, Any]:
-    """The fields of a dataclass object (e.g. TRL's GRPOConfig) that differ from their defaults: the keys
-    the user set. TRL's defaults are not ours, so only these are mapped."""
+    """The fields of a dataclass object (e.g. peft's LoraConfig) that differ from their declared defaults: the
+    keys the user set. (A TRL GRPOConfig object: grpo.config.trl_object.trl_fields.)"""
     out = {}
     for f in dataclasses.fields(obj):
         if not f.init:
@@ -76,8 +77,10 @@ def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, 
         return build_config(to_dict(config), overrides) if overrides else config
     if isinstance(config, (str, Path)):       # a YAML file: sections, section.key and TRL keys, as a dict
         config = load_yaml(config)
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):   # e.g. TRL's GRPOConfig object
-        config = changed_fields(config)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):   # TRL's GRPOConfig: TRL's defaults apply
+        from grpo.config.trl_object import trl_fields
+
+        config = trl_fields(config)
     if not isinstance(config, dict):
         raise ConfigError(f"config must be a grpo Config, a dict or a YAML path, got {type(config).__name__} (for a "
                           f"TRL GRPOConfig-style config pass a dict of the keys you set: config={{'learning_rate': 1e-6, ...}})")
@@ -88,7 +91,39 @@ def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, 
         if message not in _PRINTED:
             _PRINTED.add(message)
             print(message, file=sys.stderr)
-    return build_config(nested, {**mapped, **ours, **overrides})
+    merged = {**mapped, **ours, **overrides}
+    if "lora.target_modules" in merged and merged["lora.target_modules"] is None:   # TRL's lora_target_modules None
+        merged["lora.target_modules"] = _peft_default_targets(build_config(nested, {**merged,
+                                                                                    "lora.target_modules": ["x"]}))
+    return build_config(nested, merged)
+
+
+def _peft_default_targets(cfg: Config) -> list[str]:
+    """TRL's `lora_target_modules: null` (use_peft's default): peft's default modules for the model type of
+    model.path, as get_peft_model picks them (grpo's own default is all-linear)."""
+    if not cfg.lora.enabled:
+        return list(build_config().lora.target_modules)     # no LoRA: the key changes nothing
+    import json
+
+    config_json = Path(cfg.model.path) / "config.json" if cfg.model.path else None
+    if config_json is None or not config_json.is_file():
+        raise ConfigError(f"TRL key lora_target_modules: null (use_peft's default) means peft's default modules for "
+                          f"the model type, and {'no model is named in the config' if config_json is None else repr(cfg.model.path) + ' has no config.json'}: "
+                          f"name the modules (lora_target_modules: [q_proj, v_proj]), all-linear, or pass "
+                          f"peft_config=LoraConfig(...) to grpo.Trainer")
+    model_type = json.loads(config_json.read_text()).get("model_type")
+    return peft_default_targets(model_type, "TRL key lora_target_modules: null")
+
+
+def peft_default_targets(model_type: str | None, what: str) -> list[str]:
+    """peft's default LoRA target modules for `model_type` (what get_peft_model picks for target_modules None)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    if model_type not in DEFAULTS:
+        raise ConfigError(f"{what}: peft has no default target modules for model type {model_type!r}: name the "
+                          f"modules (or 'all-linear')")
+    targets = DEFAULTS[model_type]
+    return [targets] if isinstance(targets, str) else sorted(targets)
 
 
 #: peft LoraConfig fields -> our keys (TRL's ``peft_config=``), and the fields that change nothing here.
@@ -113,12 +148,7 @@ def peft_overrides(peft_config: Any, model_type: str | None) -> dict[str, Any]:
                           f"lora_alpha, lora_dropout and target_modules)")
     targets = peft_config.target_modules
     if targets is None:
-        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
-
-        if model_type not in DEFAULTS:
-            raise ConfigError(f"peft_config.target_modules is None and peft has no default for model type "
-                              f"{model_type!r}: name the modules (or 'all-linear')")
-        targets = DEFAULTS[model_type]
+        targets = peft_default_targets(model_type, "peft_config.target_modules is None")
     return {"lora.enabled": True, "lora.r": peft_config.r, "lora.alpha": peft_config.lora_alpha,
             "lora.dropout": peft_config.lora_dropout,
             "lora.target_modules": [targets] if isinstance(targets, str) else sorted(targets)}

@@ -21,8 +21,8 @@ import math
 from typing import Any, Callable
 
 from grpo.config import ConfigError
-from grpo.config.trl_values import (IF_DEFAULT, check_values, dtype_value, lr_scheduler_value, report_to_value,
-                                     same_value, scale_rewards_value)
+from grpo.config.trl_values import (IF_DEFAULT, check_values, dtype_value, generation_overrides, lr_scheduler_value,
+                                     model_init_overrides, report_to_value, same_value, scale_rewards_value)
 
 
 #: TRL key -> (our key, value conversion).
@@ -56,7 +56,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "importance_sampling_level": ("algorithm.importance_sampling_level", same_value),
     "num_iterations": ("algorithm.num_iterations", same_value),
     "mask_truncated_completions": ("algorithm.overlong_filter", same_value),
-    "top_entropy_quantile": ("algorithm.top_entropy_rho", same_value),
+    "top_entropy_quantile": ("algorithm.top_entropy_rho", lambda v: v or TOP_ONE),    # 0.0: TRL's "the top token"
     "use_bias_correction_kl": ("algorithm.kl_ratio_correction", same_value),
     "off_policy_mask_threshold": ("algorithm.off_policy_mask_threshold", same_value),
     "vllm_importance_sampling_mode": ("algorithm.rollout_correction", same_value),
@@ -79,6 +79,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "report_to": ("log.report_to", report_to_value),
     "run_name": ("log.run_name", same_value),
     "disable_tqdm": ("log.progress_bar", lambda v: not v),
+    "use_cpu": ("model.device", lambda v: "cpu" if v else "auto"),
     # TRL's ModelConfig and ScriptArguments: the model and dataset keys of a `trl grpo --config` file
     "model_name_or_path": ("model.path", same_value),
     "dtype": ("model.dtype", dtype_value),
@@ -89,7 +90,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "lora_r": ("lora.r", same_value),
     "lora_alpha": ("lora.alpha", same_value),
     "lora_dropout": ("lora.dropout", same_value),
-    "lora_target_modules": ("lora.target_modules", lambda v: ["all-linear"] if v is None else v),
+    "lora_target_modules": ("lora.target_modules", same_value),     # None: peft's default for the model type
     "dataset_name": ("data.dataset", same_value),
     "dataset_train_split": ("data.split", same_value),
     "chat_template_kwargs": ("data.chat_template_kwargs", lambda v: v or {}),
@@ -107,9 +108,12 @@ STEP_KEYS = ("max_steps", "save_steps", "eval_steps", "save_strategy", "eval_str
 WARMUP_KEYS = ("warmup_steps", "warmup_ratio")
 #: TRL's reference refresh: sync_ref_model turns it on, every ref_model_sync_steps with mixup alpha.
 REF_SYNC_KEYS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")
-#: TRL defaults used when only some of the combined keys are given.
+#: TRL defaults used when only some of the combined keys are given (lora_*: ModelConfig's, under use_peft).
 TRL_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8,
-                "ref_model_sync_steps": 512, "ref_model_mixup_alpha": 0.6}
+                "ref_model_sync_steps": 512, "ref_model_mixup_alpha": 0.6, "lora_r": 16, "lora_alpha": 32,
+                "lora_dropout": 0.05, "lora_target_modules": None}
+#: top_entropy_quantile 0.0 (TRL: keep only the highest-entropy token): a rho that keeps ceil(rho x tokens) = 1.
+TOP_ONE = 1e-9
 #: TRL loss_type -> (algorithm.policy_loss, algorithm.loss_agg_mode). grpo: per-sequence token mean, then mean
 #: over sequences; bnpo / dapo: mean over all tokens of the step; dr_grpo: token sum / max_completion_length;
 #: luspo: GSPO's loss scaled by length (token sum per sequence, mean over sequences).
@@ -283,43 +287,6 @@ def _objectives(trl: dict[str, Any]) -> dict[str, Any]:
                                                       if mode == "normalize_then_sum" else {})}
 
 
-#: model_init_kwargs entries -> our model keys (the rest have no equivalent: errors naming them).
-MODEL_INIT_KEYS = {"dtype": "model.dtype", "torch_dtype": "model.dtype", "attn_implementation": "model.attn_implementation",
-                   "trust_remote_code": "model.trust_remote_code"}
-
-
-#: generation_kwargs entries -> our rollout keys.
-GENERATION_KEYS = {"temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k",
-                   "min_p": "rollout.min_p", "repetition_penalty": "rollout.repetition_penalty",
-                   "max_new_tokens": "rollout.max_new_tokens", "max_tokens": "rollout.max_new_tokens"}
-
-
-def _generation(trl: dict[str, Any]) -> dict[str, Any]:
-    """generation_kwargs (TRL: extra sampling arguments, overriding its own) -> rollout.* keys."""
-    kwargs = trl.get("generation_kwargs") or {}
-    unknown = [k for k in kwargs if k not in GENERATION_KEYS]
-    if unknown:
-        raise ConfigError(f"TRL key generation_kwargs: {', '.join(unknown)} has no equivalent here (known: "
-                          f"{', '.join(GENERATION_KEYS)})")
-    return {GENERATION_KEYS[k]: (0 if v is None and k in ("top_k", "min_p") else v) for k, v in kwargs.items()}
-
-
-def _model_init(trl: dict[str, Any]) -> dict[str, Any]:
-    """model_init_kwargs (TRL: from_pretrained's arguments when the model is given by name) -> model.* keys;
-    vllm_importance_sampling_correction false -> no rollout correction (true: the mode's own setting)."""
-    out = {}
-    if trl.get("vllm_importance_sampling_correction") is False:
-        out["algorithm.rollout_correction"] = "none"
-    kwargs = trl.get("model_init_kwargs") or {}
-    unknown = [k for k in kwargs if k not in MODEL_INIT_KEYS]
-    if unknown:
-        raise ConfigError(f"TRL key model_init_kwargs: {', '.join(unknown)} has no equivalent here (known: "
-                          f"{', '.join(MODEL_INIT_KEYS)})")
-    for key, value in kwargs.items():
-        out[MODEL_INIT_KEYS[key]] = dtype_value(value) if MODEL_INIT_KEYS[key] == "model.dtype" else value
-    return out
-
-
 def _rewards(trl: dict[str, Any]) -> dict[str, Any]:
     """reward_model_name_or_path (a directory) and reward_funcs -> reward.functions, the model first as in TRL.
     A name goes through grpo.rewards.load_reward: our built-ins, `package.module.function`, file.py:function."""
@@ -377,9 +344,28 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
                            (REWARD_KEYS, _rewards(trl)), (tuple(PRECISION_KEYS), _precision(trl)), (WARMUP_KEYS, _warmup(trl)),
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
                             _loss(trl)), (("multi_objective_aggregation",), _objectives(trl)),
-                           (("model_init_kwargs", "vllm_importance_sampling_correction"), _model_init(trl)),
-                           (("generation_kwargs",), _generation(trl))):
+                           (("model_init_kwargs", "vllm_importance_sampling_correction"), model_init_overrides(trl)),
+                           (("generation_kwargs",), generation_overrides(trl))):
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")
-    return overrides, lines
+    return _as_trl_does(trl, overrides, lines), lines
+
+
+def _as_trl_does(trl: dict[str, Any], overrides: dict[str, Any], lines: list[str]) -> dict[str, Any]:
+    """What TRL does with the keys left out: use_peft's LoRA takes ModelConfig's defaults (dropout 0.05, target
+    modules None: peft's default for the model type, resolved by grpo.api.inputs.resolve_config); transformers'
+    `constant` schedule ignores warm-up (`constant_with_warmup` keeps it); top_entropy_quantile 0.0 keeps one token."""
+    if trl.get("use_peft"):
+        added = {f"lora.{k[5:] if k != 'lora_r' else 'r'}": v for k, v in TRL_DEFAULTS.items()
+                 if k.startswith("lora_") and k not in trl}
+        overrides.update(added)
+        if added:
+            lines.append(f"use_peft -> {', '.join(added)} (TRL's ModelConfig defaults)")
+    if trl.get("lr_scheduler_type") == "constant" and overrides.get("optim.warmup_steps"):
+        overrides["optim.warmup_steps"] = 0
+        lines.append("warmup ignored under lr_scheduler_type constant, as transformers does (constant_with_warmup "
+                     "warms up)")
+    if trl.get("top_entropy_quantile") == 0:
+        lines.append("top_entropy_quantile 0.0 -> only the highest-entropy token of the step's batch trains")
+    return overrides

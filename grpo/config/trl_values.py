@@ -24,7 +24,9 @@ BOOL_KEYS = frozenset((
     "bf16", "fp16", "vllm_importance_sampling_correction", "logging_first_step", "log_completions", "use_vllm",
     "do_eval", "ds3_gather_for_generation", "vllm_enable_sleep_mode", "use_transformers_paged",
     "use_transformers_continuous_batching", "log_unique_prompts", "log_multimodal", "dataset_streaming",
-    "push_to_hub", "overwrite_output_dir", "gradient_checkpointing_use_reentrant"))
+    "push_to_hub", "overwrite_output_dir", "gradient_checkpointing_use_reentrant", "use_cpu", "use_rslora", "use_dora",
+    "load_in_4bit", "load_in_8bit", "use_bnb_nested_quant", "remove_unused_columns", "dataloader_drop_last",
+    "dataloader_pin_memory", "dataloader_persistent_workers", "cast_lm_head_to_fp32"))
 #: Booleans TRL defaults to true, so its parser also takes `--no_KEY` (= false).
 NEGATABLE = frozenset(("shuffle_dataset", "gradient_checkpointing", "use_bias_correction_kl",
                        "vllm_importance_sampling_correction", "ds3_gather_for_generation"))
@@ -32,7 +34,8 @@ NEGATABLE = frozenset(("shuffle_dataset", "gradient_checkpointing", "use_bias_co
 INT_KEYS = {"num_generations": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
             "steps_per_generation": 1, "generation_batch_size": 1, "num_iterations": 1, "max_completion_length": 1,
             "max_prompt_length": 1, "top_k": 0, "seed": 0, "save_total_limit": 0, "ref_model_sync_steps": 1,
-            "lora_r": 1, "lora_alpha": 1, "max_tool_calling_iterations": 1, "max_steps": None}
+            "lora_r": 1, "lora_alpha": 1, "max_tool_calling_iterations": 1, "max_steps": None, "data_seed": 0,
+            "num_generations_eval": 1, "dataloader_num_workers": 0, "dataloader_prefetch_factor": 1}
 #: TRL's keys that are floats (a whole number or a fraction of the run for the *_steps ones).
 FLOAT_KEYS = frozenset((
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "temperature", "top_p", "min_p",
@@ -41,15 +44,17 @@ FLOAT_KEYS = frozenset((
     "off_policy_mask_threshold", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_min",
     "vllm_importance_sampling_clip_max", "ref_model_mixup_alpha", "entropy_coef", "entropy_target",
     "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "lora_dropout", "warmup_ratio", "warmup_steps",
-    "num_train_epochs", "save_steps", "eval_steps"))
+    "num_train_epochs", "save_steps", "eval_steps", "router_aux_loss_coef"))
 #: TRL's string keys (a number written for one is taken as its text, as TRL's parser does).
 STR_KEYS = frozenset((
     "output_dir", "run_name", "model_name_or_path", "dataset_name", "dataset_train_split", "dataset_test_split",
     "dataset_config", "attn_implementation", "importance_sampling_level", "vllm_importance_sampling_mode",
     "lr_scheduler_type", "loss_type", "save_strategy", "eval_strategy", "multi_objective_aggregation", "dtype",
-    "torch_dtype", "reward_model_name_or_path", "model_revision", "lora_task_type"))
+    "torch_dtype", "reward_model_name_or_path", "model_revision", "lora_task_type", "optim", "bnb_4bit_quant_type",
+    "bnb_4bit_quant_storage", "vllm_structured_outputs_regex"))
 #: TRL's list keys (`nargs='+'` on its command line) -> the type of their items; one value = a list of one.
-LIST_KEYS = {"reward_funcs": str, "report_to": str, "lora_target_modules": str, "reward_weights": float}
+LIST_KEYS = {"reward_funcs": str, "report_to": str, "lora_target_modules": str, "reward_weights": float,
+             "lora_modules_to_save": str, "lora_target_parameters": str}
 #: TRL's dict keys (a JSON object string too, as TRL reads them).
 DICT_KEYS = frozenset(("generation_kwargs", "model_init_kwargs", "chat_template_kwargs",
                        "gradient_checkpointing_kwargs"))
@@ -60,8 +65,13 @@ NONE_OK = frozenset((
     "off_policy_mask_threshold", "eval_steps", "output_dir", "run_name", "model_name_or_path", "dataset_name",
     "dataset_config", "attn_implementation", "dtype", "torch_dtype", "reward_model_name_or_path", "model_revision",
     "reward_funcs", "report_to", "lora_target_modules", "reward_weights", "bf16", "disable_tqdm",
-    "multi_objective_aggregation", "max_steps", "num_train_epochs", "warmup_ratio")) | DICT_KEYS
+    "multi_objective_aggregation", "max_steps", "num_train_epochs", "warmup_ratio", "data_seed", "num_generations_eval",
+    "router_aux_loss_coef", "lora_modules_to_save", "lora_target_parameters", "bnb_4bit_quant_storage",
+    "vllm_structured_outputs_regex", "dataloader_prefetch_factor")) | DICT_KEYS
 
+
+#: transformers' optimizer names grpo honours (its AdamW; fused is an implementation of the same update).
+ADAMW = ("adamw_torch", "adamw_torch_fused")
 
 #: TRL keys accepted with a note at the value given (TRL's default, mostly), an error naming them otherwise:
 #: key -> (is the value accepted?, the note, the error).
@@ -84,6 +94,41 @@ IF_DEFAULT: dict[str, tuple[Callable[[Any, dict], bool], str, str]] = {
     "num_train_epochs": (lambda v, t: "max_steps" in t or v == 3, "grpo runs max_steps steps (TRL ignores "
                          "num_train_epochs when max_steps is set; 3 is its default)",
                          "{v} epochs: grpo counts steps, not epochs: set max_steps (TRL's optimizer updates) instead"),
+    # transformers' optimizer name (our `optim` section when it is a mapping)
+    "optim": (lambda v, t: v in ADAMW, "transformers' optimizer name: grpo's AdamW (torch.optim.AdamW) is the same "
+              "update", "'{v}' is transformers' optimizer name (TRL's optim key): grpo trains with AdamW only ("
+              + ", ".join(ADAMW) + "); grpo's own optim section is a mapping (optim: {{lr: ...}})"),
+    # ModelConfig's LoRA and quantization switches at their defaults
+    "use_rslora": (lambda v, t: not v, "LoRA scales by lora_alpha / r", "rank-stabilised LoRA is not implemented "
+                   "here (grpo's LoRA scales by lora_alpha / r): set it false"),
+    "use_dora": (lambda v, t: not v, "plain LoRA", "DoRA is not implemented here: set it false"),
+    "lora_modules_to_save": (lambda v, t: not v, "only the adapters train", "grpo's LoRA trains the adapters only "
+                             "(no fully trained modules beside them, {v}): remove it"),
+    "lora_target_parameters": (lambda v, t: not v, "adapters go on modules", "adapters on parameters ({v}) are not "
+                               "implemented here: name modules in lora_target_modules"),
+    **dict.fromkeys(("load_in_4bit", "load_in_8bit"), (
+        lambda v, t: not v, "weights load unquantized", "no quantized (bitsandbytes) loading here: set it false")),
+    **dict.fromkeys(("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"), (
+        lambda v, t: True, "read only with load_in_4bit", "")),
+    # TrainingArguments / GRPOConfig switches grpo has no counterpart for, at their defaults
+    "remove_unused_columns": (lambda v, t: not v, "every dataset column reaches the reward functions",
+                              "grpo passes every dataset column to the reward functions (TRL's default, false): "
+                              "set it false"),
+    "data_seed": (lambda v, t: v is None, "the prompt order follows seed", "grpo shuffles the prompts with seed "
+                  "(train.seed); a separate data_seed ({v}) is not supported: remove it"),
+    "dataloader_drop_last": (lambda v, t: not v, "no DataLoader here", "grpo has no DataLoader whose last batch it "
+                             "could drop: set it false"),
+    **dict.fromkeys(("dataloader_pin_memory", "dataloader_num_workers", "dataloader_persistent_workers",
+                     "dataloader_prefetch_factor"), (lambda v, t: True, "no DataLoader here", "")),
+    "num_generations_eval": (lambda v, t: v is None, "evaluation decodes one greedy completion per prompt",
+                             "{v}: grpo's evaluation decodes one greedy completion per prompt (train.eval_steps): "
+                             "remove it"),
+    "cast_lm_head_to_fp32": (lambda v, t: not v, "the LM head keeps model.dtype", "no fp32 LM-head cast here "
+                             "(train.precision autocasts with fp32 master weights): set it false"),
+    "router_aux_loss_coef": (lambda v, t: v is None, "no MoE router auxiliary loss is added here", "{v}: the MoE "
+                             "router's auxiliary loss is not added here: remove it"),
+    "vllm_structured_outputs_regex": (lambda v, t: v is None, "no vLLM here", "'{v}': no regex-constrained "
+                                      "generation here (grpo's own sampler): remove it"),
 }
 
 
@@ -144,7 +189,7 @@ def check_value(key: str, value: Any, name: str | None = None) -> Any:
     """TRL key `key`'s value in its TRL type; errors say `name` (default: TRL key 'key') and the value."""
     name = name or f"TRL key '{key}'"
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and key not in STR_KEYS
-                         and key != "report_to"):
+                         and key not in ("report_to", "scale_rewards")):
         if key in NONE_OK:
             return None
         raise ConfigError(f"{name} needs a value, got {value!r}")
@@ -213,3 +258,43 @@ def dtype_value(value: Any) -> str:
 def report_to_value(value: Any) -> list[str]:
     names = [value] if isinstance(value, str) else list(value or [])
     return [v for v in names if v != "none"]
+
+
+# ---------------------------------------------------------------- TRL dict keys -> ours (used by trl.from_trl)
+
+
+#: model_init_kwargs entries -> our model keys (the rest have no equivalent: errors naming them).
+MODEL_INIT_KEYS = {"dtype": "model.dtype", "torch_dtype": "model.dtype", "attn_implementation": "model.attn_implementation",
+                   "trust_remote_code": "model.trust_remote_code"}
+
+
+#: generation_kwargs entries -> our rollout keys.
+GENERATION_KEYS = {"temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k",
+                   "min_p": "rollout.min_p", "repetition_penalty": "rollout.repetition_penalty",
+                   "max_new_tokens": "rollout.max_new_tokens", "max_tokens": "rollout.max_new_tokens"}
+
+
+def generation_overrides(trl: dict[str, Any]) -> dict[str, Any]:
+    """generation_kwargs (TRL: extra sampling arguments, overriding its own) -> rollout.* keys."""
+    kwargs = trl.get("generation_kwargs") or {}
+    unknown = [k for k in kwargs if k not in GENERATION_KEYS]
+    if unknown:
+        raise ConfigError(f"TRL key generation_kwargs: {', '.join(unknown)} has no equivalent here (known: "
+                          f"{', '.join(GENERATION_KEYS)})")
+    return {GENERATION_KEYS[k]: (0 if v is None and k in ("top_k", "min_p") else v) for k, v in kwargs.items()}
+
+
+def model_init_overrides(trl: dict[str, Any]) -> dict[str, Any]:
+    """model_init_kwargs (TRL: from_pretrained's arguments when the model is given by name) -> model.* keys;
+    vllm_importance_sampling_correction false -> no rollout correction (true: the mode's own setting)."""
+    out = {}
+    if trl.get("vllm_importance_sampling_correction") is False:
+        out["algorithm.rollout_correction"] = "none"
+    kwargs = trl.get("model_init_kwargs") or {}
+    unknown = [k for k in kwargs if k not in MODEL_INIT_KEYS]
+    if unknown:
+        raise ConfigError(f"TRL key model_init_kwargs: {', '.join(unknown)} has no equivalent here (known: "
+                          f"{', '.join(MODEL_INIT_KEYS)})")
+    for key, value in kwargs.items():
+        out[MODEL_INIT_KEYS[key]] = dtype_value(value) if MODEL_INIT_KEYS[key] == "model.dtype" else value
+    return out

@@ -94,8 +94,9 @@ CASES = [
       "lora_task_type": "CAUSAL_LM", "push_to_hub": False, "gradient_checkpointing_use_reentrant": False,
       "gradient_checkpointing_kwargs": {"use_reentrant": False}}, {}),
     # values as TRL's parser reads them: booleans from strings, numbers from strings, JSON objects
-    ({"use_peft": "Yes", "bf16": "f", "shuffle_dataset": 0}, {"lora.enabled": True, "train.precision": "fp32",
-                                                               "data.shuffle": False}),
+    ({"use_peft": "Yes", "bf16": "f", "shuffle_dataset": 0, "lora_target_modules": "all-linear"},
+     {"lora.enabled": True, "train.precision": "fp32", "data.shuffle": False, "lora.dropout": 0.05,   # TRL's 0.05
+      "lora.target_modules": ["all-linear"]}),
     ({"num_generations": "4", "learning_rate": "1e-5"}, {"rollout.num_generations": 4, "optim.lr": 1e-5}),
     ({"generation_kwargs": '{"top_k": 5}'}, {"rollout.top_k": 5}),
     ({"report_to": ["none"]}, {"log.report_to": []}),
@@ -133,7 +134,29 @@ CASES = [
     ({"attn_implementation": "eager"}, {"model.attn_implementation": "eager"}),
     ({"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"]},
      {"lora.enabled": True, "lora.r": 8, "lora.alpha": 16, "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"]}),
-    ({"lora_target_modules": None}, {"lora.target_modules": ["all-linear"]}),
+    ({"lora_target_modules": None}, {"lora.target_modules": ["all-linear"]}),        # no LoRA: changes nothing
+    ({"use_peft": True, "lora_target_modules": ["q_proj"]},                            # ModelConfig's defaults
+     {"lora.enabled": True, "lora.r": 16, "lora.alpha": 32, "lora.dropout": 0.05, "lora.target_modules": ["q_proj"]}),
+    ({"use_cpu": True}, {"model.device": "cpu"}),
+    ({"use_cpu": False}, {"model.device": "auto"}),
+    # transformers' optimizer names grpo honours (its AdamW); `optim` as a mapping stays our section
+    ({"optim": "adamw_torch", "learning_rate": 2e-6}, {"optim.lr": 2e-6}),
+    ({"optim": "adamw_torch_fused", "optim.lr": 3e-6}, {"optim.lr": 3e-6}),
+    # TRL's scale_rewards "none" (written as text in YAML / on the command line)
+    ({"scale_rewards": "none"}, {"algorithm.scale_rewards": "none"}),
+    # transformers' constant schedule ignores warm-up; constant_with_warmup uses it
+    ({"lr_scheduler_type": "constant", "warmup_steps": 4}, {"optim.lr_scheduler": "constant", "optim.warmup_steps": 0}),
+    ({"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 4},
+     {"optim.lr_scheduler": "constant", "optim.warmup_steps": 4}),
+    # top_entropy_quantile 0.0: TRL keeps only the highest-entropy token; rho 1e-9 keeps ceil(1e-9 x n) = 1
+    ({"top_entropy_quantile": 0.0}, {"algorithm.top_entropy_rho": 1e-9}),
+    # keys with no counterpart here, at TRL's defaults: a note each
+    ({"use_rslora": False, "use_dora": "false", "lora_modules_to_save": None, "lora_target_parameters": None,
+      "load_in_4bit": False, "load_in_8bit": False, "bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": False,
+      "remove_unused_columns": False, "data_seed": None, "dataloader_drop_last": False, "dataloader_pin_memory": True,
+      "dataloader_num_workers": 0, "dataloader_persistent_workers": False,
+      "dataloader_prefetch_factor": None, "bnb_4bit_quant_storage": None, "num_generations_eval": None, "cast_lm_head_to_fp32": False,
+      "router_aux_loss_coef": None, "vllm_structured_outputs_regex": None}, {}),
     ({"chat_template_kwargs": {"enable_thinking": False}}, {"data.chat_template_kwargs": {"enable_thinking": False}}),
     ({"max_tool_calling_iterations": 6}, {"rollout.max_turns": 6}),
     ({"generation_kwargs": {"min_p": 0.05, "repetition_penalty": 1.1, "top_k": None}, "temperature": 0.9},
@@ -241,28 +264,25 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
     ({"model_init_kwargs": {"device_map": "auto"}}, "TRL key model_init_kwargs: device_map has no equivalent here"),
     ({"generation_kwargs": {"num_beams": 4}}, "TRL key generation_kwargs: num_beams has no equivalent here"),
     ({"eval_strategy": "steps"}, "eval_strategy: steps needs eval_steps here"),
+    ({"optim": "adafactor"}, "TRL key 'optim': 'adafactor' is transformers' optimizer name \\(TRL's optim key\\): grpo "
+                             "trains with AdamW only \\(adamw_torch, adamw_torch_fused\\)"),
+    ({"use_rslora": True}, "TRL key 'use_rslora': rank-stabilised LoRA is not implemented here"),
+    ({"use_dora": True}, "TRL key 'use_dora': DoRA is not implemented here"),
+    ({"lora_modules_to_save": ["lm_head"]}, "TRL key 'lora_modules_to_save': grpo's LoRA trains the adapters only"),
+    ({"load_in_4bit": True}, "TRL key 'load_in_4bit': no quantized \\(bitsandbytes\\) loading here"),
+    ({"remove_unused_columns": True}, "TRL key 'remove_unused_columns': grpo passes every dataset column"),
+    ({"data_seed": 3}, "TRL key 'data_seed': grpo shuffles the prompts with seed"),
+    ({"dataloader_drop_last": True}, "TRL key 'dataloader_drop_last': grpo has no DataLoader"),
+    ({"num_generations_eval": 4}, "TRL key 'num_generations_eval': 4: grpo's evaluation decodes one greedy"),
+    ({"cast_lm_head_to_fp32": True}, "TRL key 'cast_lm_head_to_fp32': no fp32 LM-head cast here"),
+    ({"router_aux_loss_coef": 0.001}, "TRL key 'router_aux_loss_coef': 0.001: the MoE router's auxiliary loss"),
+    ({"vllm_structured_outputs_regex": "a+"}, "TRL key 'vllm_structured_outputs_regex': 'a\\+': no regex-constrained"),
     ({"steps_per_generation": 3, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 8},
      "steps_per_generation=3 is not a multiple of gradient_accumulation_steps=2"),
 ])
 def test_keys_without_an_equivalent_are_errors_naming_them(trl, message):
     with pytest.raises(ConfigError, match=message):
         from_trl(trl)
-
-
-def test_a_dataclass_config_object_maps_the_fields_the_user_set():
-    import dataclasses
-
-    @dataclasses.dataclass
-    class GRPOConfig:                        # stands in for TRL's (a dataclass: TrainingArguments)
-        output_dir: str = "trainer_output"
-        learning_rate: float = 1e-6
-        beta: float = 0.0
-        num_generations: int = 8
-        logging_steps: int = 10
-
-    cfg = resolve_config(GRPOConfig(output_dir="runs/x", learning_rate=5e-6))
-    assert cfg == build_config(overrides={"train.output_dir": "runs/x", "optim.lr": 5e-6})
-    assert resolve_config(GRPOConfig(logging_steps=1)) == build_config()      # logging cadence: no effect here
 
 
 def test_a_trl_grpo_recipe_file_builds_as_it_is(tmp_path):
@@ -272,8 +292,11 @@ def test_a_trl_grpo_recipe_file_builds_as_it_is(tmp_path):
 
     from grpo.cli.main import config_from_args
 
+    model = tmp_path / "qwen"                # use_peft's lora_target_modules None: peft's default for qwen2
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
     recipe = tmp_path / "grpo.yaml"
-    recipe.write_text("model_name_or_path: models/qwen\ndtype: bfloat16\ndataset_name: data/p.jsonl\n"
+    recipe.write_text(f"model_name_or_path: {model}\ndtype: bfloat16\ndataset_name: data/p.jsonl\n"
                       "reward_funcs: [accuracy, format]\nreward_weights: [1.0, 0.5]\nlearning_rate: 1.0e-6\n"
                       "lr_scheduler_type: cosine\nbeta: 0.0\nnum_generations: 4\nper_device_train_batch_size: 4\n"
                       "gradient_accumulation_steps: 4\nmax_completion_length: 64\nmax_steps: 10\nbf16: true\n"
@@ -282,9 +305,10 @@ def test_a_trl_grpo_recipe_file_builds_as_it_is(tmp_path):
                               "max_steps", "seed", "algorithm", "resume")})
     cfg = config_from_args(args, ["--learning-rate", "2e-6", "--lora.r", "4"])      # CLI after file; ours win
     assert cfg == build_config(overrides={
-        "model.path": "models/qwen", "model.dtype": "bfloat16", "data.dataset": "data/p.jsonl",
+        "model.path": str(model), "model.dtype": "bfloat16", "data.dataset": "data/p.jsonl",
         "reward.functions": ["accuracy", "format"], "reward.weights": [1.0, 0.5], "optim.lr": 2e-6,
         "optim.lr_scheduler": "cosine", "algorithm.beta": 0.0, "rollout.num_generations": 4,
         "train.micro_batch_size": 4, "train.prompts_per_step": 4, "rollout.max_new_tokens": 64,
         "train.max_steps": 10, "train.precision": "bf16", "lora.enabled": True, "lora.r": 4,
+        "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"],
         "train.output_dir": "out/r"})
