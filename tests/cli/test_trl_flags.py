@@ -115,3 +115,18 @@ def test_errors_of_combined_trl_keys_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match=f"^{recipe} with the TRL flags: TRL key 'num_train_epochs': 2 epochs"):
         config_from_args(args, ["--num_generations", "3", "--max_steps", "-1"])
     assert config_from_args(args, ["--num_generations", "3"]).train.prompts_per_step == 2
+
+
+def test_scale_rewards_none_and_optim_adamw_from_a_recipe_and_flags(tmp_path):
+    """TRL's documented `scale_rewards: none` (Dr. GRPO) and transformers' `optim: adamw_torch` in a recipe file and
+    as flags; a flag of an optimizer grpo lacks is one line naming TRL's optim key."""
+    from grpo.cli.main import resolve_given
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("scale_rewards: none\noptim: adamw_torch\nloss_type: dr_grpo\n")
+    cfg = resolve_given(str(recipe), [], {})
+    assert (cfg.algorithm.scale_rewards, cfg.algorithm.loss_agg_mode) == ("none", "seq-mean-token-sum-norm")
+    cfg = resolve_given(None, ["--scale_rewards", "none", "--optim", "adamw_torch_fused", "--learning_rate", "2e-6"], {})
+    assert (cfg.algorithm.scale_rewards, cfg.optim.lr) == ("none", 2e-6)
+    with pytest.raises(ConfigError, match="TRL flag --optim: 'sgd' is transformers' optimizer name \\(TRL's optim key\\)"):
+        resolve_given(None, ["--optim", "sgd"], {})
