@@ -17,8 +17,9 @@ updates, so it counts as U Hugging Face steps. The hooks come in transformers' o
   names (``loss``, ``reward``, ``rewards/<fn>/mean``, ``kl``, ``learning_rate``, ``grad_norm``, ``epoch``,
   ...; ``state.log_history`` gets the same entry plus ``step``); then ``on_evaluate(metrics=)`` after a
   held-out evaluation (``train.eval_steps``); then ``on_save`` after a checkpoint;
-* ``on_epoch_end`` / ``on_epoch_begin`` when a step starts in a new epoch (prompts drawn / prompts), and
-  ``on_epoch_end`` for the last epoch before ``on_train_end``.
+* ``on_epoch_end`` / ``on_epoch_begin`` when a step starts in a new epoch (prompts drawn / prompts); at the
+  end ``on_epoch_end`` for the last epoch, ``on_log`` with TRL's summary (``train_loss``, ``train_runtime``,
+  ...) and ``on_train_end``.
 
 ``on_pre_optimizer_step`` is never called: the optimizer step is inside grpo/training/update.py, and
 calling the hook afterwards would be wrong (the gradients are gone by then).
@@ -175,6 +176,10 @@ class HFCallbacks:
     def on_train_end(self, result: Any) -> None:
         if self.epoch_open:
             self._epoch_end()
+        if self.progress is not None:                  # TRL's last log: the training summary
+            logs = self.progress.train_metrics(result.steps, result.wall_s)
+            self.state.log_history.append({**logs, "step": self.state.global_step})
+            self.event("on_log", logs=logs)
         self.objects["model"] = getattr(result, "model", None) or self.objects["model"]
         self.event("on_train_end")
 

@@ -261,8 +261,10 @@ def _run(job: Job, world, out: Path) -> TrainResult:
             callbacks.checkpoint(checkpoint)
     stopped_by = stop.signal_name or ("health" if health.halt is not None and done < tc.max_steps else None) or (
         "callback" if callbacks.stop_requested and done < tc.max_steps else None)
-    result = TrainResult(model, tokenizer, done, out, checkpoint, time.perf_counter() - start, stopped_by,
-                         stop.signum, record, progress.global_step(done), progress.training_loss())
+    wall_s = time.perf_counter() - start
+    result = TrainResult(model, tokenizer, done, out, checkpoint, wall_s, stopped_by, stop.signum,
+                         {**record, **progress.train_metrics(done, wall_s)},   # + TRL's train_loss, train_runtime, ...
+                         progress.global_step(done), progress.training_loss())
     callbacks.train_end(result)
     return result
 

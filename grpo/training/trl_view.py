@@ -108,6 +108,7 @@ class TrlProgress:
         self.log_history: list[dict[str, Any]] = []
         self.last: dict[str, Any] = {}                 # the entry of the newest step (log_history may grow beside it)
         self.losses: list[float] = []                  # this session's per-step losses (TrainOutput.training_loss)
+        self.session: list[int] = []                   # the grpo steps this session ran
         for record in history:
             self.log(record, session=False)
 
@@ -145,9 +146,19 @@ class TrlProgress:
         entry = {**trl_logs(record), "epoch": self.epoch(step), "grpo_step": step, "step": self.global_step(step)}
         self.log_history.append(entry)
         self.last = entry
-        if session and isinstance(record.get("loss/total"), (int, float)):
-            self.losses.append(float(record["loss/total"]))
+        if session:
+            self.session.append(step)
+            if isinstance(record.get("loss/total"), (int, float)) and math.isfinite(record["loss/total"]):
+                self.losses.append(float(record["loss/total"]))
         return entry
+
+    def train_metrics(self, done: int, wall_s: float) -> dict[str, float]:
+        """TRL's end-of-training summary (``TrainOutput.metrics``, the last ``on_log``) after grpo step `done`."""
+        steps, wall = len(self.session), max(wall_s, 1e-9)
+        completions = steps * self.cfg.train.prompts_per_step * self.cfg.rollout.num_generations
+        return {"train_runtime": wall_s, "train_samples_per_second": completions / wall,
+                "train_steps_per_second": steps * self.updates_per_step / wall, "train_loss": self.training_loss(),
+                "epoch": self.epoch(done)}
 
     def training_loss(self) -> float:
         """The mean loss of this session's steps (TRL's ``TrainOutput.training_loss``); 0.0 when none ran."""
