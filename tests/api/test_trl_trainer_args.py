@@ -82,4 +82,5 @@ def test_trl_attribute_names(tmp_path):
     t.train()
     assert t.args is t.config and t.processing_class is t.tokenizer
     history = t.state.log_history
-    assert t.state.global_step == 2 and [r["step"] for r in history] == [1, 2] and "reward/digits/mean" in history[0]
+    assert t.state.global_step == 2 and [r["step"] for r in history] == [1, 2, 2] and "reward/digits/mean" in history[0]
+    assert "train_loss" in history[-1]                  # as in transformers, the last entry is the training summary
