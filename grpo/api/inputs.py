@@ -80,12 +80,19 @@ def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, 
     if dataclasses.is_dataclass(config) and not isinstance(config, type):   # TRL's GRPOConfig: TRL's defaults apply
         from grpo.config.trl_object import trl_fields
 
-        config = trl_fields(config)
+        changed: set[str] | None = set()
+        config = trl_fields(config, changed)
+    else:
+        changed = None
     if not isinstance(config, dict):
         raise ConfigError(f"config must be a grpo Config, a dict or a YAML path, got {type(config).__name__} (for a "
                           f"TRL GRPOConfig-style config pass a dict of the keys you set: config={{'learning_rate': 1e-6, ...}})")
     nested, ours, trl = split_keys(config)
     mapped, lines = from_trl(trl, world_size)
+    if changed is not None:
+        from grpo.config.trl_object import object_lines
+
+        lines = object_lines(lines, changed)
     if lines:
         message = "grpo: TRL keys mapped: " + "; ".join(lines)
         if message not in _PRINTED:

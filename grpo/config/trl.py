@@ -10,9 +10,10 @@ file is read as it is. Keys that change nothing here (:data:`NO_EFFECT`: logging
 backend) are accepted with a note, and so are recipe keys at TRL's default (:data:`IF_DEFAULT`: `model_revision:
 main`, `push_to_hub: false`, ...; another value is an error); any other TRL key is an error that names it.
 Values are first checked and converted as TRL's parser reads them (grpo/config/trl_values.py): a bad one is an
-error naming the key and the value. Only the keys given are
-mapped: TRL's defaults are not ours (TRL's beta is 0.0, ours 0.04; write `beta` explicitly to match a
-TRL run).
+error naming the key and the value. Of a dict or recipe only the keys given are mapped: TRL's defaults are not
+ours (TRL's beta is 0.0, ours 0.04; docs/migrating-from-trl.md lists every default that differs). A GRPOConfig
+object carries TRL's defaults: grpo/config/trl_object.py gives them for the mapped training keys. What TRL does
+with keys left out of a dict (use_peft's LoRA defaults, `constant` ignoring warm-up) follows :func:`_as_trl_does`.
 """
 
 from __future__ import annotations

@@ -78,11 +78,11 @@ def _declared_default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def trl_fields(obj: Any) -> dict[str, Any]:
+def trl_fields(obj: Any, changed: set[str] | None = None) -> dict[str, Any]:
     """The TRL keys of a GRPOConfig-like dataclass object: every field of :func:`defaults_applied`, and the other
     fields that differ from a default-constructed object's (enums as values; of steps_per_generation and
     generation_batch_size, both filled by TRL, steps_per_generation alone; activation_checkpointing, transformers'
-    new name, as gradient_checkpointing)."""
+    new name, as gradient_checkpointing). `changed`, when given, receives the names of the fields the user set."""
     applied, reference = defaults_applied(), _reference(obj)
     out = {}
     for f in dataclasses.fields(obj):
@@ -90,10 +90,32 @@ def trl_fields(obj: Any) -> dict[str, Any]:
             continue
         value = plain(getattr(obj, f.name))
         default = plain(getattr(reference, f.name) if reference is not None else _declared_default(f))
-        if f.name in applied or default is dataclasses.MISSING or value != default:
+        if default is dataclasses.MISSING or value != default:
             out[f.name] = value
+            changed.add(f.name) if changed is not None else None
+        elif f.name in applied:
+            out[f.name] = value
+    if changed is not None and "activation_checkpointing" in changed:
+        changed.add("gradient_checkpointing")
     if "activation_checkpointing" in out:            # transformers' new name of gradient_checkpointing (one setting)
         out["gradient_checkpointing"] = out.pop("activation_checkpointing")
     if out.get("steps_per_generation") is not None and out.get("generation_batch_size") is not None:
         del out["generation_batch_size"]             # derived from steps_per_generation (or it from this): one setting
     return out
+
+
+def object_lines(lines: list[str], changed: set[str]) -> list[str]:
+    """The mapping lines (`key -> ours`, `a, b -> x, y`, `key ignored (...)`, notes) of the fields the user set (and
+    output_dir, bf16 / fp16, use_cpu, max_steps), the notes naming no key, then one line for the TRL defaults applied to the other mapped keys."""
+    from grpo.config.trl import ALL_KEYS
+
+    def keys(line: str) -> set[str]:
+        head = line.split(" -> ")[0].split(" ignored")[0]
+        return {k.split(" ")[0] for k in head.split(", ")} & ALL_KEYS
+
+    shown = changed | set(REFERENCE_SEED) | {"max_steps"}        # max_steps -1: TRL's epochs, kept here: say so
+    kept = [line for line in lines if not keys(line) or keys(line) & shown]
+    if len(kept) == len(lines):
+        return kept
+    return kept + [f"TRL's GRPOConfig defaults for the {len(lines) - len(kept)} other mapped keys (loss_type dapo, "
+                   f"beta 0.0, seed 42, ...: docs/migrating-from-trl.md)"]

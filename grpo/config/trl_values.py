@@ -67,7 +67,7 @@ NONE_OK = frozenset((
     "reward_funcs", "report_to", "lora_target_modules", "reward_weights", "bf16", "disable_tqdm",
     "multi_objective_aggregation", "max_steps", "num_train_epochs", "warmup_ratio", "data_seed", "num_generations_eval",
     "router_aux_loss_coef", "lora_modules_to_save", "lora_target_parameters", "bnb_4bit_quant_storage",
-    "vllm_structured_outputs_regex", "dataloader_prefetch_factor")) | DICT_KEYS
+    "vllm_structured_outputs_regex", "dataloader_prefetch_factor", "pad_to_multiple_of")) | DICT_KEYS
 
 
 #: transformers' optimizer names grpo honours (its AdamW; fused is an implementation of the same update).

@@ -26,12 +26,7 @@ class SaveStrategy(enum.Enum):
 
 
 @dataclasses.dataclass
-class Parent:
-    pad_to_multiple_of: int | None = 8            # shadowed by the child with another default
-
-
-@dataclasses.dataclass
-class GRPOConfig(Parent):
+class GRPOConfig:
     """Stands in for TRL's: a dataclass whose __post_init__ derives fields, as TrainingArguments / GRPOConfig do."""
     output_dir: str = "trainer_output"
     learning_rate: float = 1e-6
@@ -53,9 +48,10 @@ class GRPOConfig(Parent):
     activation_checkpointing: bool = False
     gradient_checkpointing: bool = True
     debug: str | list = ""
-    pad_to_multiple_of: int | None = None
+    pad_to_multiple_of: int | str | None = "auto"    # declared "auto", resolved to None (TRL: 128 on neuron)
 
     def __post_init__(self):
+        self.pad_to_multiple_of = None if self.pad_to_multiple_of == "auto" else self.pad_to_multiple_of
         self.lr_scheduler_type = SchedulerType(self.lr_scheduler_type)
         self.save_strategy = SaveStrategy(self.save_strategy)
         self.activation_checkpointing = self.gradient_checkpointing       # transformers' renamed field
@@ -164,3 +160,10 @@ def test_a_real_grpo_config_maps_what_the_user_set(tmp_path):
 def test_a_real_grpo_config_refuses_an_optimizer_grpo_lacks(tmp_path):
     with pytest.raises(ConfigError, match="TRL key 'optim': 'adafactor' is transformers' optimizer name"):
         resolve_config(_real(output_dir=str(tmp_path), optim="adafactor"))
+
+
+def test_the_printed_mapping_names_the_fields_set_and_counts_the_defaults(capsys):
+    resolve_config(GRPOConfig(learning_rate=7e-6, logging_steps=3))
+    err = capsys.readouterr().err
+    assert "learning_rate -> optim.lr; logging_steps ignored (every step is logged); " in err
+    assert "beta -> algorithm.beta" not in err and "TRL's GRPOConfig defaults for the " in err
