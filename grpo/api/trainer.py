@@ -49,6 +49,7 @@ class Trainer:
             ``processing_class=`` is accepted as an alias (TRL's name).
         callbacks: objects with ``on_step_end(step, metrics)``, ``on_checkpoint(path)``,
             ``on_train_end(result)`` (see grpo/training/callbacks.py); ``on_step_end`` returning True stops the run.
+            transformers ``TrainerCallback`` objects get transformers' hooks (grpo/training/hf_callbacks.py).
         peft_config: a peft ``LoraConfig`` (TRL's argument): LoRA with its r, lora_alpha, lora_dropout and
             target_modules (None: peft's default for the model type); other fields set are errors.
         reward_processing_classes: the tokenizers of reward models passed as loaded ``...ForSequenceClassification``
