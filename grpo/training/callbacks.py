@@ -90,9 +90,10 @@ class CallbackList:
     def step_begin(self, step: int) -> None:
         self.hf.step_begin(step)
 
-    def update_end(self, step: int) -> None:
-        """After each optimizer update of step `step`."""
+    def update_end(self, step: int, stats: Any) -> Any:
+        """After each optimizer update of step `step`; returns that update's `stats` unchanged."""
         self.hf.update_end(step)
+        return stats
 
     def request_stop(self) -> None:
         self.stop_requested = True

@@ -115,10 +115,9 @@ def mean_stats(stats: list[UpdateStats]) -> dict[str, float]:
     return {f: float(np.mean([float(getattr(s, f)) for s in stats])) for f in fields}
 
 
-def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, plan,
-           callbacks: CallbackList) -> UpdateStats:
+def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, plan) -> UpdateStats:
     """One optimizer update on the step's batch, as the memory plan says (grpo.training.memory_plan.MemoryPlan:
-    micro-batch tokens, checkpointing, LM-head chunk); the `update` test hook and the callbacks fire after it."""
+    micro-batch tokens, checkpointing, LM-head chunk); the `update` test hook fires after it."""
     policy, hooks = world.update_target()
     control = entropy_control_of(state.extras)                  # algorithm.entropy_control adaptive
     stats = policy_update(policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
@@ -133,7 +132,6 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
         control.observe(stats.entropy)
     state.optimizer.zero_grad(set_to_none=True)   # not needed before the next update: out of the rollout's peak
     emit("update", step)
-    callbacks.update_end(step)
     return stats
 
 
@@ -216,7 +214,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 emit("rollout", step)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
-                    stats = [update(state, part, cfg, step, world, plan, callbacks) for _ in range(algo.num_iterations)
+                    stats = [callbacks.update_end(step, update(state, part, cfg, step, world, plan))  # after each
+                             for _ in range(algo.num_iterations)
                              for part in mini_batches(exp.batch, algo.mini_batches)]    # PPO epochs x mini-batches
                 world.after_update(state)                      # FSDP2: new full weights into the rollout model
                 times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
