@@ -85,7 +85,9 @@ ROLLOUT_PRECISIONS: dict[str, str] = {"auto": "auto", "fp32": "fp32", "bf16": "b
 @dataclass(frozen=True)
 class RolloutConfig:
     num_generations: int = _f(8, "G: completions sampled per prompt (TRL: num_generations; verl: rollout.n).")
-    max_new_tokens: int = _f(48, "Maximum completion length in tokens (TRL: max_completion_length).")
+    max_new_tokens: int = _f(48, "Maximum completion length in tokens (TRL: max_completion_length); a completion "
+                             "ends earlier at any EOS id: the tokenizer's and every id of the model's "
+                             "generation_config.eos_token_id.")
     temperature: float = _f(1.0, "Sampling temperature; also applied to the logits of the training forward pass.")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off).")
     min_p: float = _f(0.0, "Min-p sampling: keep tokens with probability >= min_p x the most likely one's, after "
@@ -144,7 +146,8 @@ class RewardConfig:
     process_functions: list[str] = _f([], "Step-reward functions (process supervision, DeepSeekMath 4.1.3): "
                                       "`file.py:function` returning one reward per reasoning step.")
     step_delimiter: str = _f("\n", "Text that ends a reasoning step, for process_functions.")
-    reward_errors: str = _f("raise", "A reward function that raises, times out or returns NaN/inf: raise (stop with an "
+    reward_errors: str = _f("raise", "A reward function that raises, times out or returns inf or a non-number (NaN "
+                            "counts as None, as in TRL): raise (stop with an "
                             "error naming the function and completion) | zero (count it as 0.0; logged as "
                             "reward/<name>/errors).")
     timeout_s: float = _f(0.0, "Seconds one reward call may take (0 = no limit). > 0: a call that does not return in "
