@@ -259,3 +259,21 @@ def field_help() -> list[tuple[str, Any, str]]:
     for section, cls in SECTIONS.items():
         walk(section, cls, getattr(default, section))
     return rows
+
+
+def steps_for_epochs(epochs: float, prompts: int, prompts_per_step: int) -> int:
+    """GRPO steps for `epochs` passes over `prompts` training prompts, `prompts_per_step` a step:
+    ``ceil(epochs * ceil(prompts / prompts_per_step))``, at least 1 (transformers' ``max_steps`` for
+    ``num_train_epochs``, counted in generation batches: one step draws each of its prompts once)."""
+    per_epoch = max(1, math.ceil(prompts / prompts_per_step))
+    return max(1, math.ceil(epochs * per_epoch))
+
+
+def with_epochs(cfg: Config, prompts: int) -> Config:
+    """`cfg` with train.max_steps set from train.num_train_epochs (> 0) and the training set's size; as given
+    otherwise."""
+    tc = cfg.train
+    if tc.num_train_epochs <= 0:
+        return cfg
+    steps = steps_for_epochs(tc.num_train_epochs, prompts, tc.prompts_per_step)
+    return dataclasses.replace(cfg, train=dataclasses.replace(tc, max_steps=steps))

@@ -169,6 +169,8 @@ def validate(cfg: Config) -> None:
         (cfg.train.mmap_threshold_mb >= 0, "train.mmap_threshold_mb must be >= 0"),
         (cfg.train.micro_batch_tokens >= -1, "train.micro_batch_tokens must be -1 (no limit), 0 (auto) or > 0"),
         (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
+        (math.isfinite(cfg.train.num_train_epochs) and cfg.train.num_train_epochs >= 0,
+         f"train.num_train_epochs must be >= 0 (0 = train.max_steps), got {cfg.train.num_train_epochs}"),
         (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
         (cfg.train.save_steps >= 0, "train.save_steps must be >= 0"),
         (cfg.train.logprob_chunk_size >= 0, "train.logprob_chunk_size must be >= 0 (0 = auto)"),

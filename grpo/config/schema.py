@@ -192,6 +192,10 @@ class TrainConfig:
                                          "no limit. Same values for any setting; 704 against 256 ran the reference "
                                          "pass ~20 % faster on 100M and 300M models for <= 17 MiB more peak RSS.")
     max_steps: int = _f(100, "Number of GRPO steps.")
+    num_train_epochs: float = _f(0.0, "Passes over the training prompts instead of a step count (TRL / transformers: "
+                                 "num_train_epochs with max_steps -1): > 0 sets train.max_steps = ceil(num_train_epochs "
+                                 "x ceil(prompts / train.prompts_per_step)) once the dataset is loaded (config.yaml "
+                                 "records the result); 0 = train.max_steps as given.")
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
     num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")
     output_dir: str = _f("runs/train", "Where metrics.jsonl and the final checkpoint are written.")

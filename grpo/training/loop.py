@@ -19,6 +19,7 @@ lock file, grpo/state/output_dir.py), and the directory is first changed once th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -31,6 +32,7 @@ import torch
 
 from grpo.training.callbacks import CallbackList
 from grpo.config import Config, TrainConfig
+from grpo.config.build import with_epochs
 from grpo.data.prompts import PromptStream, load_prompts
 from grpo.training.experience import make_experience
 from grpo.state.output_dir import OutputDirLock, prepare_output_dir
@@ -141,10 +143,12 @@ def wants_checkpoint(tc: TrainConfig, step: int) -> bool:
 
 
 def initial_state(job: Job) -> tuple[TrainState, Any]:
-    """The training state at step 0 and the prompt set (nothing written yet)."""
-    cfg, model, tc = job.cfg, job.model, job.cfg.train
-    prompt_set = load_prompts(cfg.data, tc.seed, job.tokenizer, records=job.records,   # rendered, tokenized once
+    """The training state at step 0 and the prompt set (nothing written yet). With train.num_train_epochs, `job.cfg`
+    gets the step count the training set's size gives (train.max_steps)."""
+    prompt_set = load_prompts(job.cfg.data, job.cfg.train.seed, job.tokenizer, records=job.records,   # tokenized once
                               tools=job.env.tools if job.env is not None else None)
+    job.cfg = with_epochs(job.cfg, len(prompt_set.rows))      # before the LR schedule is built from max_steps
+    cfg, model, tc = job.cfg, job.model, job.cfg.train
     check_run(cfg, model, job.tokenizer, prompt_set.rows)       # vocabulary, positions, sampling: before any write
     fixed_ref = not cfg.algorithm.ref_update_steps              # a refreshed reference keeps float32 masters
     reference = build_reference(model, cfg.algorithm.beta,      # None when beta = 0
@@ -165,10 +169,17 @@ def run(job: Job) -> TrainResult:
     config.yaml and checkpoints. A first SIGINT/SIGTERM, or a callback asking to stop, ends the run after
     the current step with a checkpoint. Under torchrun the run is data-parallel (grpo/training/world.py)."""
     world = init_world(job.cfg, job.runtime.device)
+    created = not Path(job.cfg.train.output_dir).expanduser().exists()
     try:
         out = prepare_output_dir(job.cfg.train.output_dir)     # fails before anything is written
-        with OutputDirLock(out, enabled=world.is_main):        # a second run on `out` is refused (rank 0 holds it)
-            return _run(job, world, out)
+        try:
+            with OutputDirLock(out, enabled=world.is_main):    # a second run on `out` is refused (rank 0 holds it)
+                return _run(job, world, out)
+        except BaseException:
+            if created and world.is_main:                      # failed before writing anything (bad data, a bad
+                with contextlib.suppress(OSError):             # reward): leave no empty directory behind
+                    out.rmdir()                                # (rmdir removes only an empty one)
+            raise
     finally:
         world.close()
 
@@ -180,6 +191,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
     with deterministic_mode(tc.deterministic):
         seed_everything(tc.seed)
         state, prompt_set = initial_state(job)
+        cfg, tc = job.cfg, job.cfg.train                       # train.num_train_epochs: max_steps resolved
         state.extras += build_extras(cfg, job.rewards, world.world_size)  # reward.reward_model_update
         model, tokenizer = state.model, state.tokenizer
         held_out = eval_rows(cfg, tokenizer, job.eval_records) if tc.eval_steps else None   # checked before any write

@@ -309,3 +309,46 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     assert seen["in_update"] == [n, n, n]              # the update made every gradient (and the step used them)
     assert seen["sample"] == [0, 0, 0]                 # the rollouts after it saw none
     assert events == [1, 2, 3] and all(p.grad is None for p in result.model.parameters())
+
+
+def test_num_train_epochs_sets_the_step_count_from_the_training_set(tmp_path):
+    """train.num_train_epochs: 1.5 passes over 5 prompts at 2 per step = ceil(1.5 * ceil(5 / 2)) = 5 steps, the
+    LR schedule built for them, and config.yaml records the resolved max_steps (so a resume agrees)."""
+    import yaml
+
+    reward_file = tmp_path / "r.py"
+    reward_file.write_text("def digits_reward(prompts, completions, **kw):\n"
+                           "    return [float(sum(ch.isdigit() for ch in c)) for c in completions]\n")
+    _, result, records = run(tmp_path / "a", reward_file, **{
+        "train.num_train_epochs": 1.5, "data.num_train_prompts": 5, "optim.lr_scheduler": "linear",
+        "optim.lr": 1e-3, "rollout.num_generations": 2})
+    assert result.steps == 5 and [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert records[-1]["optim/lr"] == pytest.approx(1e-3 * 1 / 5)        # linear decay over 5 steps, not 2
+    saved = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())
+    assert saved["train"]["max_steps"] == 5 and saved["train"]["num_train_epochs"] == 1.5
+
+
+def test_steps_for_epochs_and_its_check():
+    from grpo.config.build import steps_for_epochs
+
+    assert steps_for_epochs(1, 5, 2) == 3 and steps_for_epochs(3, 8, 8) == 3 and steps_for_epochs(0.5, 10, 2) == 3
+    assert steps_for_epochs(0.01, 4, 8) == 1                             # at least one step
+    with pytest.raises(Exception, match="train.num_train_epochs must be >= 0"):
+        build_config(overrides={"train.num_train_epochs": -1})
+
+
+def test_a_run_that_fails_before_writing_leaves_no_directory(tmp_path):
+    """A bad dataset row stops the run before any write: the output directory it created is removed again;
+    a directory that existed before is kept."""
+    from grpo.data.datasets_io import DataError
+
+    reward_file = tmp_path / "r.py"
+    reward_file.write_text("def digits_reward(prompts, completions, **kw):\n    return [1.0 for _ in completions]\n")
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "1+1="}\n{"question": "no prompt column"}\n')
+    for out, existed in ((tmp_path / "new" / "run", False), (tmp_path / "old", True)):
+        if existed:
+            out.mkdir()
+        with pytest.raises(DataError):
+            run(out, reward_file, **{"data.dataset": str(data)})
+        assert out.exists() == existed and (not existed or not any(out.iterdir()))
