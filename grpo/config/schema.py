@@ -62,7 +62,7 @@ class DataConfig:
     column_map: dict[str, str] = _f({}, "Rename dataset columns before anything else, "
                                     "e.g. {question: prompt, solution: answer}.")
     task: str = _f("arithmetic", "Embedded task used when no dataset is given: arithmetic | strings (reverse or sort a "
-                   "word; its rewards: exact_match, format).")
+                   "string of 3-6 digits, e.g. reverse:4719; its rewards: exact_match, format).")
     num_train_prompts: int = _f(20000, "Number of prompts generated from the embedded task's train split.")
     prompt_column: str = _f("prompt", "Name of the prompt column in the dataset (copied to `prompt`).")
     system_prompt: str | None = _f(None, "System message prepended to chat prompts; a string prompt becomes a user message "
