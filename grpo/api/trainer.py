@@ -22,6 +22,7 @@ from typing import Any
 
 from grpo.training.callbacks import CallbackList
 from grpo.config import Config
+from grpo.api.dataset_check import check_prompt_column
 from grpo.api.inputs import peft_overrides, resolve_config, resolve_dataset, resolve_model, resolve_rewards
 from grpo.training.runtime import build_runtime
 
@@ -84,6 +85,7 @@ class Trainer:
         cfg = resolve_config(cfg, overrides)
         if peft_config is not None:                          # TRL's peft_config= -> lora.*
             cfg = resolve_config(cfg, peft_overrides(peft_config, model_type(model, cfg)))
+        check_prompt_column(cfg.data, self.records)         # column names only, before the model loads
         if reward_funcs is None and not cfg.reward.functions and not cfg.reward.process_functions:
             from grpo.data.tasks import default_reward_functions
 

@@ -1,0 +1,80 @@
+"""The prompt-column check ``grpo.Trainer(...)`` runs on a training dataset's column names, before the model
+loads: a dataset without a prompt column is refused there, not after the model is loaded at train().
+
+Only column names are read (no rows are tokenized or validated here; train() checks every prompt):
+in-memory records carry theirs; of a file, a Parquet schema, a CSV header, a ``save_to_disk`` directory
+(memory-mapped), or a JSONL file's first row (every row's keys when that one lacks the column). A ``.json``
+file is checked when train() reads it. The messages are grpo.data.datasets_io's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo.data.datasets_io import DataError, Records, rename_columns, scan_jsonl
+
+
+def check_prompt_column(data: Any, records: Records | None) -> None:
+    """Refuse a dataset without its prompt column: `records` (in memory), else ``data.dataset`` (a DataConfig's
+    dataset, split, column_map and prompt_column); a dataset path that does not exist is refused too."""
+    if records is not None:
+        return check_columns(data, records.source, records.columns)
+    if not data.dataset:
+        return None                                   # the embedded task
+    path = Path(data.dataset).expanduser()
+    if not path.exists():
+        raise DataError(f"dataset file not found: {path}")
+    try:
+        source, columns = column_names(path, data.split)
+    except Exception:          # unreadable: train() reports it with the reader's own message
+        return None
+    if columns is None:
+        return None
+    try:
+        check_columns(data, source, columns)
+    except DataError:
+        if path.suffix.lower() != ".jsonl":
+            raise
+        check_columns(data, source, scan_jsonl(path, skip_bad=True).columns)   # the first row lacked it
+    return None
+
+
+def check_columns(data: Any, source: str, columns: list[str]) -> None:
+    """``data.column_map`` and ``data.prompt_column`` against `columns`, as grpo.data.datasets_io.read_dataset."""
+    rec = Records([], [], source, list(columns))
+    rename_columns(rec, dict(data.column_map))
+    col = data.prompt_column
+    if col not in rec.columns:
+        hint = ("data.prompt_column" if col != "prompt"
+                else "set data.column_map (e.g. {question: prompt}) or data.prompt_column")
+        raise DataError(f"{source}: no column '{col}' ({hint}); columns: {', '.join(rec.columns)}")
+
+
+def column_names(path: Path, split: str) -> tuple[str, list[str] | None]:
+    """(the dataset's name in messages, its column names, or None when they are not cheap to read)."""
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        from datasets import DatasetDict, load_from_disk
+
+        ds = load_from_disk(str(path))
+        if isinstance(ds, DatasetDict):
+            return (f"{path}[{split}]", list(ds[split].column_names)) if split in ds else (str(path), None)
+        return str(path), list(ds.column_names)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return str(path), list(pq.read_schema(path).names)
+    if suffix == ".csv":
+        import csv
+
+        with path.open(newline="") as fh:
+            return str(path), next(csv.reader(fh), None)
+    if suffix == ".jsonl":
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                row = json.loads(line) if line.strip() else None
+                if isinstance(row, dict):
+                    return str(path), list(row)
+    return str(path), None
