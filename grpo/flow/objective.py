@@ -45,11 +45,17 @@ def flow_advantages(rewards: torch.Tensor, group_size: int, std: str = "group", 
 
 @dataclass
 class FlowLossTerms:
+    """A micro-batch's share of the step loss, and its statistics as one detached device tensor (``stats``:
+    loss, policy share, KL sum, clipped pairs, pairs), summed by the update loop and read once per step; the
+    named attributes read single values as floats."""
+
     loss: torch.Tensor       # scalar with grad: this micro-batch's share of the step loss
-    policy: float            # share of the surrogate term
-    kl_sum: float            # sum of the per-pair KL over the micro-batch
-    clipped: float           # pairs whose ratio was clipped
-    pairs: float             # pairs in the micro-batch
+    stats: torch.Tensor      # [5] detached: loss, policy, kl_sum, clipped, pairs
+
+    policy = property(lambda self: float(self.stats[1]), doc="share of the surrogate term")
+    kl_sum = property(lambda self: float(self.stats[2]), doc="sum of the per-pair KL over the micro-batch")
+    clipped = property(lambda self: float(self.stats[3]), doc="pairs whose ratio was clipped")
+    pairs = property(lambda self: float(self.stats[4]), doc="pairs in the micro-batch")
 
 
 def pair_normalizer(num_pairs: int, device: torch.device) -> float:
@@ -68,10 +74,11 @@ def flow_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     mask = torch.ones_like(logp)[:, None]                                  # [M, 1]: every pair counts
     sur = policy_surrogate((logp - old_logp)[:, None], advantages, epsilon, epsilon)   # [M, 1]
     policy = agg.numerator(sur.loss, mask) / normalizer
-    loss, kl_sum = policy, 0.0
+    loss, kl_sum = policy, policy.new_zeros(())
     if kl is not None and beta > 0:
         loss = loss + beta * agg.numerator(kl[:, None], mask) / normalizer
-        kl_sum = float(kl.detach().sum())
-    elif kl is not None:
-        kl_sum = float(kl.detach().sum())
-    return FlowLossTerms(loss, float(policy.detach()), kl_sum, float(sur.clipped.sum()), float(logp.numel()))
+    if kl is not None:
+        kl_sum = kl.sum()
+    count = torch.tensor(float(logp.numel()), dtype=policy.dtype, device=policy.device)
+    stats = torch.stack([v.detach().to(policy.dtype) for v in (loss, policy, kl_sum, sur.clipped.sum(), count)])
+    return FlowLossTerms(loss, stats)

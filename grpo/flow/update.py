@@ -59,7 +59,7 @@ def optimizer_step(policy, reference, optimizer, scheduler, exp: FlowExperience,
     ref_velocity = guided(reference, fc.guidance_scale) if reference is not None else None
     normalizer = pair_normalizer(rows.numel(), rows.device)
     optimizer.zero_grad(set_to_none=True)
-    loss = policy_loss = kl_sum = clipped = dev = 0.0
+    sums, dev = None, None            # on the device: FlowLossTerms.stats summed; the largest |ratio - 1|
     for lo in range(0, rows.numel(), fc.micro_batch_size):
         b = pair_batch(exp, rows[lo:lo + fc.micro_batch_size], steps[lo:lo + fc.micro_batch_size])
         logp, mu = step_logprob(velocity, b["x"], b["x_next"], b["t"], b["h"], b["sigma"], b["cond"],
@@ -71,15 +71,17 @@ def optimizer_step(policy, reference, optimizer, scheduler, exp: FlowExperience,
             kl = gaussian_kl(mu, mu_ref, sde_std(b["sigma"], b["h"]), fc.logprob_reduction)   # [M]
         terms = flow_loss(logp, b["old"], b["adv"], fc.epsilon, normalizer, kl, fc.beta)
         terms.loss.backward()
-        loss, policy_loss = loss + float(terms.loss.detach()), policy_loss + terms.policy
-        kl_sum, clipped = kl_sum + terms.kl_sum, clipped + terms.clipped
-        dev = max(dev, float((logp.detach() - b["old"]).exp().sub(1).abs().max()))
+        sums = terms.stats if sums is None else sums + terms.stats     # no host sync per micro-batch
+        far = (logp.detach() - b["old"]).exp().sub(1).abs().max()
+        dev = far if dev is None else torch.maximum(dev, far)
     params = [p for p in policy.parameters() if p.requires_grad]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
     lr = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     scheduler.step()
-    return FlowUpdateStats(loss, policy_loss, kl_sum / rows.numel(), clipped / rows.numel(), grad_norm, lr, dev)
+    loss, policy_loss, kl_sum, clipped, _ = sums.tolist() if sums is not None else [0.0] * 5   # one read a step
+    return FlowUpdateStats(loss, policy_loss, kl_sum / rows.numel(), clipped / rows.numel(), grad_norm, lr,
+                           float(dev) if dev is not None else 0.0)
 
 
 def flow_update(policy, reference, optimizer, scheduler, exp: FlowExperience, fc, max_grad_norm: float,
