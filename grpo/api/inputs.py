@@ -33,14 +33,15 @@ _PRINTED: set[str] = set()
 
 def split_keys(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """A user's dict as (nested sections, our flat `section.key` overrides, TRL keys)."""
-    from grpo.config.trl import is_trl_key
+    from grpo.config.trl import is_trl_key, is_trl_name
 
     nested, ours, trl = {}, {}, {}
     for key, value in flat.items():
         if not isinstance(key, str):
             raise ConfigError(f"config keys must be strings, got {key!r}")
         if (key in SECTIONS and (isinstance(value, dict) or not is_trl_key(key))     # `optim: adamw_torch`: TRL's
-                or ("." not in key and isinstance(value, dict) and not is_trl_key(key))):   # a misspelt section
+                or ("." not in key and isinstance(value, dict) and not is_trl_name(key))):   # a misspelt section
+            # (a mapping under a TRL / TrainingArguments name, lr_scheduler_kwargs: {...}, is a TRL key)
             nested[key] = value
         elif "." in key:
             ours[key] = value

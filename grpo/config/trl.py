@@ -18,6 +18,7 @@ with keys left out of a dict (use_peft's LoRA defaults, `constant` ignoring warm
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -154,6 +155,22 @@ ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(STEP_KEYS) | set(REF_SYNC_KEYS
 
 def is_trl_key(key: str) -> bool:
     return key in ALL_KEYS
+
+
+def is_trl_name(key: str) -> bool:
+    """A TRL key grpo maps, or another field of transformers' TrainingArguments (GRPOConfig's base class:
+    lr_scheduler_kwargs, fsdp_config, eval_on_start, ...). A top-level key named so is read as TRL's even when its
+    value is a mapping, so :func:`check_known` names it with the other unmapped TRL keys (not as a section)."""
+    return key in ALL_KEYS or key in _training_arguments()
+
+
+@functools.lru_cache(maxsize=1)
+def _training_arguments() -> frozenset[str]:
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    return frozenset(f.name for f in dataclasses.fields(TrainingArguments))
 
 
 def _batch(trl: dict[str, Any], world_size: int) -> dict[str, Any]:

@@ -45,3 +45,13 @@ def test_use_peft_without_a_model_to_read_the_type_from_is_one_line(tmp_path):
         resolve_config({"use_peft": True})
     with pytest.raises(ConfigError, match="has no config.json"):
         resolve_config({"use_peft": True, "model_name_or_path": str(tmp_path)})
+
+
+def test_a_mapping_under_a_trl_name_is_a_trl_key_named_with_the_others():
+    """lr_scheduler_kwargs: {...} (a TrainingArguments field) is TRL's key, not a misspelt section of ours."""
+    assert split_keys({"lr_scheduler_kwargs": {}, "trian": {}}) == ({"trian": {}}, {}, {"lr_scheduler_kwargs": {}})
+    with pytest.raises(ConfigError) as e:
+        resolve_config({"optim": "adamw_torch", "eval_on_start": True, "lr_scheduler_kwargs": {"a": 1}})
+    assert str(e.value) == ("keys 'eval_on_start', 'lr_scheduler_kwargs': no TRL key grpo maps, nor one of its sections "
+                            "(docs/migrating-from-trl.md lists the mapped TRL keys; our own keys are given as "
+                            "section.key)")

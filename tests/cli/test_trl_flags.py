@@ -130,3 +130,17 @@ def test_scale_rewards_none_and_optim_adamw_from_a_recipe_and_flags(tmp_path):
     assert (cfg.algorithm.scale_rewards, cfg.optim.lr) == ("none", 2e-6)
     with pytest.raises(ConfigError, match="TRL flag --optim: 'sgd' is transformers' optimizer name \\(TRL's optim key\\)"):
         resolve_given(None, ["--optim", "sgd"], {})
+
+
+def test_unmapped_trl_keys_of_a_recipe_are_named_together_with_the_file(tmp_path):
+    """A mapping under a TRL name (lr_scheduler_kwargs: {}) is named with the other unmapped keys, not reported
+    later as an unknown section; optim: adamw_torch is accepted (a note) and not named."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("learning_rat: 1.0e-6\nlr_scheduler_kwargs: {}\noptim: adamw_torch\neval_on_start: true\n")
+    with pytest.raises(ConfigError) as e:
+        read_given(str(recipe), [])
+    assert str(e.value).startswith(f"{recipe}: keys 'learning_rat' (did you mean 'learning_rate'?), "
+                                   "'lr_scheduler_kwargs', 'eval_on_start': no TRL key grpo maps")
+    recipe.write_text("lr_scheduler_kwargs: {warmup: 1}\n")
+    with pytest.raises(ConfigError, match=f"^{recipe}: key 'lr_scheduler_kwargs': no TRL key grpo maps"):
+        read_given(str(recipe), [])

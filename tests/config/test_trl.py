@@ -312,3 +312,10 @@ def test_a_trl_grpo_recipe_file_builds_as_it_is(tmp_path):
         "train.max_steps": 10, "train.precision": "bf16", "lora.enabled": True, "lora.r": 4,
         "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"],
         "train.output_dir": "out/r"})
+
+
+def test_trl_names_are_the_mapped_keys_and_transformers_training_arguments():
+    from grpo.config.trl import is_trl_name
+
+    assert [is_trl_name(k) for k in ("learning_rate", "lr_scheduler_kwargs", "fsdp_config", "eval_on_start",
+                                     "trainer", "algo")] == [True, True, True, True, False, False]
