@@ -13,6 +13,7 @@ import yaml
 
 from grpo.cli.evaluation import add_parser as add_eval_parser
 from grpo.cli.flow import add_parser as add_flow_parser
+from grpo.cli.help_texts import add_rewards_help, preset_names
 from grpo.cli.pipeline import add_parser as add_pipeline_parser
 from grpo.cli.report import add_parser as add_report_parser
 from grpo.cli.reward_model import add_parser as add_reward_model_parser
@@ -269,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", dest="output_dir", help="Output directory (metrics.jsonl, config.yaml, checkpoint).")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="Number of GRPO steps.")
     p.add_argument("--seed", type=int, help="Random seed.")
-    p.add_argument("--algorithm", help="Algorithm preset: grpo | dapo | dr_grpo | gspo | gfpo | rloo | reinforce_pp "
-                                       "(`grpo presets` shows each one's settings; explicit options override it).")
+    p.add_argument("--algorithm", help=f"Algorithm preset: {preset_names()} (`grpo presets` shows each one's "
+                                       "settings; explicit options override it).")
     p.add_argument("--resume", nargs="?", const="auto", metavar="PATH",
                    help="Continue the run from the newest valid checkpoint in the output directory (train.resume=auto; "
                         "a corrupted newest one is skipped with a warning), or from the checkpoint PATH.")
@@ -307,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Parameter dtype of the export (default: the dtype stored with the model).")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("rewards", help="Reward-function tools (`grpo rewards check --help`).")
+    p = sub.add_parser("rewards", help="Reward-function tools (`grpo rewards check --help`); `grpo rewards --help` "
+                                       "lists the built-in rewards.", add_help=False)
+    add_rewards_help(p)
     rewards = p.add_subparsers(dest="rewards_command", required=True)
     p = rewards.add_parser("check", help="Score a JSONL file of completions with reward functions (no training).",
                            description=CHECK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
