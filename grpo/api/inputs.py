@@ -201,20 +201,53 @@ def _one_reward(item: Any, index: int, tokenizer: Any = None) -> tuple[str, Any,
                     f"got {type(item).__name__}")
 
 
-def resolve_rewards(reward_funcs: Any, cfg: Config, processing_classes: Any = None
-                    ) -> tuple[list[tuple[str, Any]], list[float] | None]:
-    """The (name, fn) pairs and weights of `reward_funcs` (None: `reward.functions` of the config);
-    `processing_classes` (TRL's reward_processing_classes): the reward models' tokenizers, one per entry
-    (or one for a single entry), None where not needed."""
-    from grpo.rewards import load_reward
+#: reward weights given both ways (F-5: not a count error when the counts match).
+WEIGHTS_TWICE = ("reward weights given twice: as (fn, weight) tuples in reward_funcs and as reward.weights (TRL: "
+                 "reward_weights) in the config; give them one way")
 
-    if reward_funcs is None:
-        return [load_reward(spec) for spec in cfg.reward.functions], cfg.reward.weights
+
+def reward_entries(reward_funcs: Any) -> list:
+    """The entries of `reward_funcs`, one per reward function (a lone callable or tuple is one entry)."""
     items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) and not (
         isinstance(reward_funcs, tuple) and len(reward_funcs) in (2, 3) and not callable(reward_funcs[-1])
         and isinstance(reward_funcs[-1], (int, float))) else [reward_funcs]
     if not items:
         raise ConfigError("reward_funcs is empty: give at least one reward function")
+    return items
+
+
+def config_for_rewards(config: Any, reward_funcs: Any, world_size: int = 1) -> tuple[Config, Any]:
+    """The config of `config` with reward_funcs (when given) in the place of ``reward.functions``, so that
+    ``reward.weights`` (TRL's reward_weights) count against reward_funcs; and the config's weights: None, a list,
+    or the ConfigError of weights that do not fit (for :func:`resolve_rewards` to report)."""
+    if reward_funcs is None:
+        cfg = resolve_config(config, world_size=world_size)
+        return cfg, cfg.reward.weights
+    slots = {"reward.functions": [f"reward_funcs[{i}]" for i in range(len(reward_entries(reward_funcs)))]}
+    cfg = resolve_config(config, {**slots, "reward.weights": None}, world_size=world_size)
+    try:
+        return cfg, resolve_config(config, slots, world_size=world_size).reward.weights
+    except ConfigError as e:                      # everything else passed above: the weights do not fit
+        return cfg, ConfigError(f"{e} (with reward_funcs given, reward.functions are its "
+                                f"{len(slots['reward.functions'])} entries)")
+
+
+_FROM_CONFIG = object()
+
+
+def resolve_rewards(reward_funcs: Any, cfg: Config, processing_classes: Any = None, config_weights: Any = _FROM_CONFIG
+                    ) -> tuple[list[tuple[str, Any]], list[float] | None]:
+    """The (name, fn) pairs and weights of `reward_funcs` (None: `reward.functions` of the config);
+    `processing_classes` (TRL's reward_processing_classes): the reward models' tokenizers, one per entry
+    (or one for a single entry), None where not needed. `config_weights`: the config's reward.weights as
+    :func:`config_for_rewards` gives them (default: ``cfg.reward.weights``)."""
+    from grpo.rewards import load_reward
+
+    if config_weights is _FROM_CONFIG:
+        config_weights = cfg.reward.weights
+    if reward_funcs is None:
+        return [load_reward(spec) for spec in cfg.reward.functions], config_weights
+    items = reward_entries(reward_funcs)
     tokenizers = (list(processing_classes) if isinstance(processing_classes, (list, tuple))
                   else [processing_classes] * len(items))
     if len(tokenizers) != len(items):
@@ -225,12 +258,14 @@ def resolve_rewards(reward_funcs: Any, cfg: Config, processing_classes: Any = No
     if duplicate:
         raise ConfigError(f"two reward functions are named '{duplicate}': name one with a (name, fn) tuple")
     given = [w for _, _, w in resolved]
+    if any(w is not None for w in given) and config_weights is not None:
+        raise ConfigError(WEIGHTS_TWICE)
+    if isinstance(config_weights, ConfigError):
+        raise config_weights
     if all(w is None for w in given):
-        weights = cfg.reward.weights
+        weights = config_weights
         if weights is not None and len(weights) != len(resolved):
             raise ConfigError(f"reward.weights has {len(weights)} weights for {len(resolved)} reward_funcs")
-    elif cfg.reward.weights is not None:
-        raise ConfigError("reward.weights is set and reward_funcs carries (fn, weight) tuples: use one of them")
     else:
         weights = [1.0 if w is None else w for w in given]
     return [(name, fn) for name, fn, _ in resolved], weights

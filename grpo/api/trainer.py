@@ -23,7 +23,8 @@ from typing import Any
 from grpo.training.callbacks import CallbackList
 from grpo.config import Config
 from grpo.api.dataset_check import check_prompt_column
-from grpo.api.inputs import peft_overrides, resolve_config, resolve_dataset, resolve_model, resolve_rewards
+from grpo.api.inputs import (config_for_rewards, peft_overrides, resolve_config, resolve_dataset, resolve_model,
+                             resolve_rewards)
 from grpo.training.runtime import build_runtime
 
 
@@ -77,7 +78,7 @@ class Trainer:
         for what, given in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             refuse_iterable(what, given)
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        cfg = resolve_config(config, world_size=world)
+        cfg, config_weights = config_for_rewards(config, reward_funcs, world)   # weights count against reward_funcs
         self.records, dataset_path = resolve_dataset(train_dataset, cfg.data.split)
         overrides = {"data.dataset": dataset_path} if dataset_path else {}
         if isinstance(model, (str, os.PathLike)):
@@ -91,7 +92,7 @@ class Trainer:
 
             given = cfg.data.dataset or ("train_dataset (in memory)" if self.records is not None else None)
             cfg = resolve_config(cfg, {"reward.functions": default_reward_functions(cfg, given)})
-        rewards, weights = resolve_rewards(reward_funcs, cfg, reward_processing_classes)
+        rewards, weights = resolve_rewards(reward_funcs, cfg, reward_processing_classes, config_weights)
         if reward_funcs is not None:       # config.yaml records the functions by name
             cfg = resolve_config(cfg, {"reward.functions": [n for n, _ in rewards], "reward.weights": weights})
         self.config: Config = cfg

@@ -340,3 +340,16 @@ def test_lean_layers_key_switches_the_policy_and_it_trains(tmp_path):
     off, tok = micro()
     assert lean_mlps(grpo.Trainer(off, tokenizer=tok, reward_funcs=[digits], train_dataset=ROWS,
                                   config=tiny(tmp_path / "off")).model) == 0   # off by default
+
+
+def test_trainer_weights_twice_and_trl_reward_weights_with_reward_funcs(tmp_path):
+    from grpo.api.inputs import WEIGHTS_TWICE
+
+    with pytest.raises(ConfigError) as e:
+        grpo.Trainer(str(tmp_path / "no-model"), reward_funcs=[(digits, 2.0)], train_dataset=ROWS,
+                     config={"reward.weights": [2.0]})
+    assert str(e.value) == WEIGHTS_TWICE
+    model, tok = micro()
+    trainer = grpo.Trainer(model, reward_funcs=[digits], train_dataset=ROWS, tokenizer=tok,
+                           config=tiny(tmp_path / "w", reward_weights=[2.0]))
+    assert (trainer.config.reward.functions, trainer.config.reward.weights) == (["digits"], [2.0])

@@ -55,3 +55,40 @@ def test_a_mapping_under_a_trl_name_is_a_trl_key_named_with_the_others():
     assert str(e.value) == ("keys 'eval_on_start', 'lr_scheduler_kwargs': no TRL key grpo maps, nor one of its sections "
                             "(docs/migrating-from-trl.md lists the mapped TRL keys; our own keys are given as "
                             "section.key)")
+
+
+def _acc(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def _fmt(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def test_weights_given_as_tuples_and_in_the_config_are_an_error_saying_so():
+    """F-5: the counts match (1 and 1), so the error says the weights were given twice, not a count problem."""
+    from grpo.api.inputs import WEIGHTS_TWICE, config_for_rewards, resolve_rewards
+
+    for config in ({"reward.weights": [2.0]}, {"reward_weights": [2.0]}, {"reward": {"weights": [2.0, 1.0]}}):
+        funcs = [(_acc, 2.0)] if "reward" not in config else [_acc, (_fmt, 0.5)]
+        cfg, weights = config_for_rewards(config, funcs)
+        with pytest.raises(ConfigError) as e:
+            resolve_rewards(funcs, cfg, None, weights)
+        assert str(e.value) == WEIGHTS_TWICE
+    assert WEIGHTS_TWICE.startswith("reward weights given twice: as (fn, weight) tuples in reward_funcs and as "
+                                    "reward.weights")
+
+
+def test_config_weights_count_against_reward_funcs():
+    """TRL's reward_weights with reward_funcs as objects: the weights fit the functions given, not reward.functions."""
+    from grpo.api.inputs import config_for_rewards, resolve_rewards
+
+    cfg, weights = config_for_rewards({"reward_weights": [2.0, 0.5]}, [_acc, _fmt])
+    assert weights == [2.0, 0.5] and cfg.reward.weights is None
+    assert resolve_rewards([_acc, _fmt], cfg, None, weights) == ([("_acc", _acc), ("_fmt", _fmt)], [2.0, 0.5])
+    cfg, weights = config_for_rewards({"reward.weights": [2.0, 1.0]}, [_acc])
+    with pytest.raises(ConfigError) as e:
+        resolve_rewards([_acc], cfg, None, weights)
+    assert str(e.value) == ("reward.weights must have one weight per entry of reward.functions (with reward_funcs "
+                            "given, reward.functions are its 1 entries)")
+    assert config_for_rewards({"reward.functions": ["format"], "reward.weights": [3.0]}, None)[1] == [3.0]
