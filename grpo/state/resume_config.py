@@ -40,6 +40,10 @@ REFUSED: dict[str, str] = {
 }
 
 
+#: The adapter keys of REFUSED: without LoRA (lora.enabled false before and now) there is no adapter they describe.
+NO_ADAPTER_KEYS = ("lora.r", "lora.alpha", "lora.target_modules")
+
+
 def flat_config(tree: dict[str, Any]) -> dict[str, Any]:
     """{'train': {'seed': 0}} -> {'train.seed': 0}, JSON-normalised (tuples as lists) like a saved config."""
     tree = json.loads(json.dumps(tree, default=str))
@@ -52,6 +56,9 @@ def refused_change(saved: dict[str, Any], cfg: Config, checkpoint: Path) -> str 
     old, new = flat_config(saved), flat_config(to_dict(cfg))
     for key, why in REFUSED.items():
         if key in old and old[key] != new.get(key):     # a key the checkpoint predates is not a change
+            if key in NO_ADAPTER_KEYS and not old.get("lora.enabled") and not new.get("lora.enabled"):
+                why = (f"the checkpoint holds full weights, no LoRA adapter (lora.enabled false), so {key} would "
+                       f"change nothing and is kept as it was")
             return (f"cannot resume {checkpoint.name} with a changed {key} ({old[key]!r} -> {new.get(key)!r}): {why}; "
                     f"set it back, or start a new run (train.resume: never)")
     algo = cfg.algorithm

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo.config import ConfigError, build_config, to_dict
-from grpo.state.resume_config import REFUSED, apply_optimizer_settings, refuse_changes, refused_change
+from grpo.state.resume_config import NO_ADAPTER_KEYS, REFUSED, apply_optimizer_settings, refuse_changes, refused_change
 from grpo.training.update import build_optimizer
 
 
@@ -78,9 +78,10 @@ def test_a_new_num_iterations_rescales_the_schedule_position():
     ("lora.target_modules", ["all-linear"], ["q_proj"]), ("train.seed", 0, 1),
 ])
 def test_changes_baked_into_the_checkpoint_are_refused_naming_the_key(tmp_path, key, old, new):
-    saved = to_dict(build_config(overrides={key: old}))
+    lora = {"lora.enabled": True} if key in NO_ADAPTER_KEYS else {}           # an adapter these keys describe
+    saved = to_dict(build_config(overrides={**lora, key: old}))
     with pytest.raises(ConfigError) as info:
-        refuse_changes(saved, build_config(overrides={key: new}), tmp_path / "checkpoint-4")
+        refuse_changes(saved, build_config(overrides={**lora, key: new}), tmp_path / "checkpoint-4")
     assert str(info.value) == (f"cannot resume checkpoint-4 with a changed {key} ({old!r} -> {new!r}): {REFUSED[key]}; "
                                f"set it back, or start a new run (train.resume: never)")
 
@@ -102,3 +103,17 @@ def test_turning_on_the_reference_refresh_needs_a_saved_reference(tmp_path):
         f"policy (written with algorithm.ref_update_steps=0); set it back, or start a new run")
     (tmp_path / "reference.safetensors").write_bytes(b"")
     assert refused_change(saved, cfg, Path(tmp_path)) is None
+
+
+@pytest.mark.parametrize("key,old,new", [("lora.r", 16, 8), ("lora.alpha", 32, 16),
+                                         ("lora.target_modules", ["all-linear"], ["q_proj"])])
+def test_an_adapter_key_changed_on_a_run_without_lora_says_there_is_no_adapter(tmp_path, key, old, new):
+    """F-7: a full fine-tuning run (lora.enabled false before and now) has no adapter of the old rank."""
+    saved = to_dict(build_config(overrides={key: old}))
+    assert saved["lora"]["enabled"] is False
+    with pytest.raises(ConfigError) as info:
+        refuse_changes(saved, build_config(overrides={key: new}), tmp_path / "checkpoint-38")
+    assert str(info.value) == (f"cannot resume checkpoint-38 with a changed {key} ({old!r} -> {new!r}): the checkpoint "
+                               f"holds full weights, no LoRA adapter (lora.enabled false), so {key} would change "
+                               f"nothing and is kept as it was; set it back, or start a new run (train.resume: never)")
+    assert "adapter in the checkpoint" not in str(info.value)
