@@ -177,6 +177,7 @@ def _one_reward(item: Any, index: int, tokenizer: Any = None) -> tuple[str, Any,
     reward_processing_classes entry)."""
     from grpo.rewards import load_reward
     from grpo.rewards.reward_model import is_reward_model, wrap_reward_model
+    from grpo.rewards.verl import adapt_reward
 
     weight = None
     if isinstance(item, tuple):
@@ -184,7 +185,7 @@ def _one_reward(item: Any, index: int, tokenizer: Any = None) -> tuple[str, Any,
             name, fn, weight = item
             return name, _one_reward(fn, index, tokenizer)[1], float(weight)
         if len(item) == 2 and isinstance(item[0], str) and callable(item[1]):
-            return item[0], item[1], None
+            return (*adapt_reward(item[0], item[1]), None)      # a verl compute_score: wrapped
         if len(item) == 2 and isinstance(item[1], (int, float)) and not isinstance(item[1], bool):
             name, fn, _ = _one_reward(item[0], index, tokenizer)
             return name, fn, float(item[1])
@@ -196,7 +197,7 @@ def _one_reward(item: Any, index: int, tokenizer: Any = None) -> tuple[str, Any,
         name, fn = wrap_reward_model(item, tokenizer)
         return name, fn, None
     if callable(item):
-        return reward_name(item), item, None
+        return (*adapt_reward(reward_name(item), item), None)
     raise TypeError(f"reward_funcs[{index}] must be a callable, a reward name/spec or a (fn, weight) tuple, "
                     f"got {type(item).__name__}")
 

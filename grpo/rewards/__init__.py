@@ -38,6 +38,7 @@ import yaml
 
 from grpo.rewards.builtin import BUILTIN_REWARDS, REWARD_FACTORIES
 from grpo.rewards.scoring import REWARD_ERROR_MODES, RewardError, RewardFn, call_one, score
+from grpo.rewards.verl import adapt_reward
 
 __all__ = ["BUILTIN_REWARDS", "REWARD_ERROR_MODES", "REWARD_FACTORIES", "RewardError", "RewardFn", "load_reward",
            "score"]
@@ -102,7 +103,7 @@ def load_file_reward(path: str, fn_name: str) -> tuple[str, RewardFn]:
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise RewardError(f"reward file {file} has no function '{fn_name}'")
-    return fn_name, fn
+    return adapt_reward(fn_name, fn)                       # a verl compute_score: wrapped (grpo/rewards/verl.py)
 
 
 def load_reward(spec: str) -> tuple[str, RewardFn]:
@@ -145,4 +146,4 @@ def load_module_reward(spec: str) -> tuple[str, RewardFn]:
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise RewardError(f"reward '{spec}': module {module_name} has no function '{fn_name}'")
-    return fn_name, fn
+    return adapt_reward(fn_name, fn)                       # a verl compute_score: wrapped
