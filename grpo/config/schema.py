@@ -100,7 +100,7 @@ class RolloutConfig:
                         "fp16 (also verl's rollout.dtype spellings float32 | bfloat16 | float16). bf16 beside an fp32 "
                         "update is verl's / vLLM's bf16 sampler: on a CPU with AVX-512 BF16 / AMX the decode reads "
                         "half the weight bytes (1.5-1.6x faster rollouts of a 100M model on a 2-core AMX Xeon); the "
-                        "sampler's log-probs then differ from the update's (metric rollout/logp_diff; "
+                        "sampler's log-probs then differ from the update's (metric rollout/logprob_diff; "
                         "algorithm.rollout_correction corrects). "
                         "Emulated (~14x slower) on an AVX2-only CPU. Evaluation keeps train.precision.")
     env: str | None = _f(None, "Multi-turn episodes with tools (docs/agents.md): a built-in environment (calculator | "

@@ -59,8 +59,8 @@ def rollout_autocast(device: torch.device, rollout: str, train: str):
     """The context the rollout runs in, inside the run's own (:func:`autocast` of `train.precision`): nothing
     more when both agree; autocast to `rollout.precision`'s dtype when it differs (a bf16 sampler beside a
     float32 update, as verl's rollout.dtype); autocast switched off for an fp32 rollout under bf16 / fp16
-    training. The sampler's log-probs are then those of the rollout's numerics: `rollout/logp_diff` measures
-    the gap and `algorithm.rollout_correction` (TIS / MIS) corrects for it."""
+    training. The sampler's log-probs are then those of the rollout's numerics: `rollout/logprob_diff` (alias
+    `rollout/logp_diff`) measures the gap and `algorithm.rollout_correction` (TIS / MIS) corrects for it."""
     name = rollout_precision(rollout, train)
     if name == train:
         return contextlib.nullcontext()
