@@ -344,8 +344,14 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
     trl = check_values(trl)
     overrides: dict[str, Any] = {}
     lines: list[str] = []
-    if "max_steps" in trl and (trl["max_steps"] is None or trl["max_steps"] <= 0):
-        lines.append(f"max_steps {trl.pop('max_steps')} ignored (TRL's 'train num_train_epochs'): train.max_steps kept")
+    if "max_steps" in trl and (trl["max_steps"] is None or trl["max_steps"] <= 0):     # TRL: train for epochs
+        steps, epochs = trl.pop("max_steps"), trl.pop("num_train_epochs", 3)
+        overrides["train.num_train_epochs"] = float(epochs)
+        lines.append(f"max_steps {steps}, num_train_epochs {epochs} -> train.num_train_epochs (train.max_steps from "
+                     f"the training set's size)")
+    elif "num_train_epochs" in trl and "max_steps" not in trl:
+        overrides["train.num_train_epochs"] = float(trl.pop("num_train_epochs"))
+        lines.append("num_train_epochs -> train.num_train_epochs (train.max_steps from the training set's size)")
     for key, value in trl.items():
         if key in IF_DEFAULT:
             accepted, note, error = IF_DEFAULT[key]

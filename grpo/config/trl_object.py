@@ -32,7 +32,6 @@ ONLY_IF_SET = {
                     "updates and need not divide grpo's steps"),
     **dict.fromkeys(("report_to", "run_name", "disable_tqdm"), "logging only (transformers' defaults vary by "
                                                                "version: report_to 'all' has no equivalent)"),
-    "num_train_epochs": "grpo counts steps: max_steps -1 (TRL's 3 epochs) keeps train.max_steps, with a note",
 }
 #: Fields mapped at the object's value whether set or not (TRL's defaults apply); the rest: only when changed.
 DEFAULTS_APPLIED_EXTRA = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
@@ -113,7 +112,7 @@ def object_lines(lines: list[str], changed: set[str]) -> list[str]:
         head = line.split(" -> ")[0].split(" ignored")[0]
         return {k.split(" ")[0] for k in head.split(", ")} & ALL_KEYS
 
-    shown = changed | set(REFERENCE_SEED) | {"max_steps"}        # max_steps -1: TRL's epochs, kept here: say so
+    shown = changed | set(REFERENCE_SEED) | {"max_steps"}        # max_steps -1: TRL's epochs: say so
     kept = [line for line in lines if not keys(line) or keys(line) & shown]
     if len(kept) == len(lines):
         return kept

@@ -91,9 +91,8 @@ IF_DEFAULT: dict[str, tuple[Callable[[Any, dict], bool], str, str]] = {
     "gradient_checkpointing_use_reentrant": (lambda v, t: True, "grpo's checkpointing is non-reentrant, same values",
                                              ""),
     "gradient_checkpointing_kwargs": (lambda v, t: True, "grpo's checkpointing is non-reentrant, same values", ""),
-    "num_train_epochs": (lambda v, t: "max_steps" in t or v == 3, "grpo runs max_steps steps (TRL ignores "
-                         "num_train_epochs when max_steps is set; 3 is its default)",
-                         "{v} epochs: grpo counts steps, not epochs: set max_steps (TRL's optimizer updates) instead"),
+    # reached with max_steps > 0 only (from_trl maps epochs to train.num_train_epochs otherwise)
+    "num_train_epochs": (lambda v, t: True, "max_steps is set, and TRL ignores num_train_epochs then", ""),
     # transformers' optimizer name (our `optim` section when it is a mapping)
     "optim": (lambda v, t: v in ADAMW, "transformers' optimizer name: grpo's AdamW (torch.optim.AdamW) is the same "
               "update", "'{v}' is transformers' optimizer name (TRL's optim key): grpo trains with AdamW only ("

@@ -112,8 +112,10 @@ def test_errors_of_combined_trl_keys_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match=f"^{recipe}: TRL keys per_device_train_batch_size=6 .* not divisible by "
                                           f"num_generations=4$"):
         config_from_args(args, [])
-    with pytest.raises(ConfigError, match=f"^{recipe} with the TRL flags: TRL key 'num_train_epochs': 2 epochs"):
-        config_from_args(args, ["--num_generations", "3", "--max_steps", "-1"])
+    epochs = config_from_args(args, ["--num_generations", "3", "--max_steps", "-1"]).train   # TRL: 2 epochs then
+    assert epochs.num_train_epochs == 2.0
+    with pytest.raises(ConfigError, match=f"^{recipe} with the TRL flags: TRL keys per_device_train_batch_size=6 "):
+        config_from_args(args, ["--num_generations", "5", "--max_steps", "-1"])     # 6 rows not divisible by 5
     assert config_from_args(args, ["--num_generations", "3"]).train.prompts_per_step == 2
 
 

@@ -84,9 +84,11 @@ CASES = [
     ({"warmup_steps": 0.5, "max_steps": 10}, {"optim.warmup_steps": 5, "train.max_steps": 10}),
     ({"warmup_steps": 4, "warmup_ratio": 0.5, "max_steps": 10}, {"optim.warmup_steps": 4, "train.max_steps": 10}),
     ({"warmup_ratio": 0.0}, {"optim.warmup_steps": 0}),
-    # TRL's max_steps -1 (or 0): train num_train_epochs; ours keeps its max_steps
-    ({"max_steps": -1, "learning_rate": 2e-6}, {"optim.lr": 2e-6}),
-    ({"num_train_epochs": 3.0}, {}),                                   # TRL's default
+    # TRL's max_steps -1 (or 0): train num_train_epochs (3 by default); max_steps comes from the dataset's size
+    ({"max_steps": -1, "learning_rate": 2e-6}, {"optim.lr": 2e-6, "train.num_train_epochs": 3.0}),
+    ({"max_steps": 0, "num_train_epochs": 1.5}, {"train.num_train_epochs": 1.5}),
+    ({"num_train_epochs": 2}, {"train.num_train_epochs": 2.0}),
+    ({"num_train_epochs": 3.0}, {"train.num_train_epochs": 3.0}),       # without max_steps: epochs
     ({"num_train_epochs": 1, "max_steps": 20}, {"train.max_steps": 20}),  # TRL ignores epochs then
     ({"save_steps": 0.25, "max_steps": 20}, {"train.save_steps": 5, "train.max_steps": 20}),
     # recipe keys at their defaults: a note each
@@ -223,7 +225,6 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
     ({"num_trian_epochs": 3, "learning_rat": 1e-6, "algo": {}},
      "keys 'num_trian_epochs' \\(did you mean 'num_train_epochs'\\?\\), 'learning_rat' \\(did you mean "
      "'learning_rate'\\?\\), 'algo' \\(did you mean 'algorithm'\\?\\): no TRL key grpo maps, nor one of its sections"),
-    ({"num_train_epochs": 2}, "TRL key 'num_train_epochs': 2 epochs: grpo counts steps, not epochs: set max_steps"),
     ({"model_revision": "v1.0"}, "TRL key 'model_revision': grpo loads local model directories: save revision 'v1.0'"),
     ({"dataset_config": "main"}, "TRL key 'dataset_config': grpo reads local files .* save configuration 'main'"),
     ({"dataset_streaming": True}, "TRL key 'dataset_streaming': no streaming here"),

@@ -143,7 +143,8 @@ def test_a_real_grpo_config_gives_trl_defaults(tmp_path):
     cfg = resolve_config(_real(output_dir=str(tmp_path)))
     assert cfg == build_config(overrides={
         **TRL_DEFAULTS, "train.output_dir": str(tmp_path), "optim.adam_beta2": 0.999,
-        "algorithm.kl_ratio_correction": True, "train.disable_dropout": False, "train.precision": "fp32"})
+        "algorithm.kl_ratio_correction": True, "train.disable_dropout": False, "train.precision": "fp32",
+        "train.num_train_epochs": 3.0})                       # max_steps -1: TRL's 3 epochs over the training set
 
 
 def test_a_real_grpo_config_maps_what_the_user_set(tmp_path):
