@@ -108,17 +108,15 @@ def resolve_config(config: Any = None, overrides: dict[str, Any] | None = None, 
 
 def _peft_default_targets(cfg: Config) -> list[str]:
     """TRL's `lora_target_modules: null` (use_peft's default): peft's default modules for the model type of
-    model.path, as get_peft_model picks them (grpo's own default is all-linear)."""
+    model.path, as get_peft_model picks them (grpo's own default is all-linear); `peft-default` (resolved by peft
+    from the model itself) when model.path names no model directory: a model object, the embedded policy."""
     if not cfg.lora.enabled:
         return list(build_config().lora.target_modules)     # no LoRA: the key changes nothing
     import json
 
     config_json = Path(cfg.model.path) / "config.json" if cfg.model.path else None
-    if config_json is None or not config_json.is_file():
-        raise ConfigError(f"TRL key lora_target_modules: null (use_peft's default) means peft's default modules for "
-                          f"the model type, and {'no model is named in the config' if config_json is None else repr(cfg.model.path) + ' has no config.json'}: "
-                          f"name the modules (lora_target_modules: [q_proj, v_proj]), all-linear, or pass "
-                          f"peft_config=LoraConfig(...) to grpo.Trainer")
+    if config_json is None or not config_json.is_file():      # a model object, the embedded one: known later
+        return ["peft-default"]                               # peft picks by the model's type when LoRA is applied
     model_type = json.loads(config_json.read_text()).get("model_type")
     return peft_default_targets(model_type, "TRL key lora_target_modules: null")
 

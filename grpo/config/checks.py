@@ -158,6 +158,8 @@ def validate(cfg: Config) -> None:
         (len(cfg.lora.target_modules) >= 1 and all(cfg.lora.target_modules), "lora.target_modules may not be empty"),
         ("all-linear" not in cfg.lora.target_modules or len(cfg.lora.target_modules) == 1,
          "lora.target_modules: all-linear cannot be combined with module names"),
+        ("peft-default" not in cfg.lora.target_modules or len(cfg.lora.target_modules) == 1,
+         "lora.target_modules: peft-default cannot be combined with module names"),
         (math.isfinite(cfg.optim.lr) and cfg.optim.lr > 0, f"optim.lr must be a finite number > 0, got {cfg.optim.lr}"),
         (cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm must be >= 0"),
         (cfg.optim.weight_decay >= 0, "optim.weight_decay must be >= 0"),

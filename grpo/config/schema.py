@@ -45,7 +45,8 @@ class LoraConfig:
     dropout: float = _f(0.0, "Dropout on the LoRA branch input (training forward passes only; > 0 makes the "
                         "first-iteration ratio differ from 1 because old/ref log-probs run without dropout).")
     target_modules: list[str] = _f(["all-linear"], "Module names that get adapters (q_proj matches every "
-                                   "...q_proj); `all-linear` = every linear layer except the output head; one entry "
+                                   "...q_proj); `all-linear` = every linear layer except the output head; `peft-default` = "
+                                   "peft's default modules for the model type (TRL's use_peft); one entry "
                                    "with regex characters (*+?[]()|^$\\) is a regular expression on the full module name, "
                                    "as peft's string form (e.g. '.*layers\\.[0-3]\\..*proj').")
 

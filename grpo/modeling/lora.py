@@ -28,6 +28,10 @@ from grpo.config import LoraConfig
 
 #: ``lora.target_modules`` value meaning "every linear layer except the output head" (peft).
 ALL_LINEAR = "all-linear"
+#: ``lora.target_modules`` value meaning "peft's default modules for the model's type" (what get_peft_model picks
+#: for ``target_modules=None``; q_proj and v_proj for Llama / Qwen2): TRL's ``use_peft`` without
+#: ``lora_target_modules``.
+PEFT_DEFAULT = "peft-default"
 #: A single ``lora.target_modules`` entry holding one of these is a regular expression that must match a
 #: module's full name (peft's string form); plain names, dotted ones too (self_attn.q_proj), match a module
 #: name's last parts.
@@ -43,7 +47,9 @@ def peft_lora_config(cfg: LoraConfig, fan_in_fan_out: bool = False):
     from peft import LoraConfig as PeftLoraConfig   # peft (and accelerate) load only for LoRA runs: ~100 MiB
 
     targets = list(cfg.target_modules)
-    if len(targets) == 1 and (targets[0] == ALL_LINEAR or set(targets[0]) & REGEX_CHARS):
+    if targets == [PEFT_DEFAULT]:
+        targets = None                        # peft picks its default for the model type
+    elif len(targets) == 1 and (targets[0] == ALL_LINEAR or set(targets[0]) & REGEX_CHARS):
         targets = targets[0]                  # peft's string form: all-linear, or a regex on the full name
     return PeftLoraConfig(
         r=cfg.r,

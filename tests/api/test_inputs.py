@@ -39,12 +39,27 @@ def test_the_model_may_come_from_our_key_or_an_override(tmp_path):
     assert resolve_config({"use_peft": True, "model.path": path, "lora.dropout": 0.1}).lora.dropout == 0.1
 
 
-def test_use_peft_without_a_model_to_read_the_type_from_is_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="TRL key lora_target_modules: null .* no model is named in the config: "
-                                          "name the modules"):
-        resolve_config({"use_peft": True})
-    with pytest.raises(ConfigError, match="has no config.json"):
-        resolve_config({"use_peft": True, "model_name_or_path": str(tmp_path)})
+def test_use_peft_without_a_model_directory_leaves_the_targets_to_peft(tmp_path):
+    """No model directory to read the type from (a model object, the embedded policy): lora.target_modules is
+    `peft-default`, which peft resolves from the model itself when the adapters are made."""
+    assert resolve_config({"use_peft": True}).lora.target_modules == ["peft-default"]
+    assert resolve_config({"use_peft": True, "model_name_or_path": str(tmp_path)}).lora.target_modules \
+        == ["peft-default"]
+
+
+def test_use_peft_in_a_dict_trains_the_model_object_with_peft_s_default_modules(tmp_path):
+    import grpo
+    from grpo.modeling.models import build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    trainer = grpo.Trainer(build_model(tok, "micro"), reward_funcs=[_acc], tokenizer=tok,
+                           train_dataset=[{"prompt": f"{a}+1="} for a in range(4)],
+                           config={"use_peft": True, "max_steps": 1, "num_generations": 2,
+                                   "per_device_train_batch_size": 4, "max_completion_length": 4,
+                                   "output_dir": str(tmp_path / "run"), "log.progress_bar": False})
+    adapted = {name.split(".lora_A")[0].split(".")[-1] for name, _ in trainer.train().model.named_parameters()
+               if "lora_A" in name}
+    assert adapted == {"q_proj", "v_proj"}                  # peft's default for the Qwen2 architecture
 
 
 def test_a_mapping_under_a_trl_name_is_a_trl_key_named_with_the_others():
