@@ -17,6 +17,7 @@ See docs/python-api.md for every argument; grpo/api/inputs.py turns them into th
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from grpo.training.callbacks import CallbackList
 from grpo.config import Config
 from grpo.api.dataset_check import check_prompt_column
 from grpo.api.inputs import (config_for_rewards, peft_overrides, resolve_config, resolve_dataset, resolve_model,
-                             resolve_rewards)
+                             resolve_rewards, stream_rows)
 from grpo.training.runtime import build_runtime
 
 
@@ -75,10 +76,14 @@ class Trainer:
         if processing_class is not None and tokenizer is not None:
             raise TypeError("give tokenizer= or its alias processing_class=, not both")
         config, tokenizer = config if args is None else args, tokenizer if processing_class is None else processing_class
-        for what, given in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            refuse_iterable(what, given)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         cfg, config_weights = config_for_rewards(config, reward_funcs, world)   # weights count against reward_funcs
+        if type(train_dataset).__name__ == "IterableDataset" and cfg.data.shuffle:
+            print("grpo: train_dataset is an IterableDataset: its rows keep the stream's order, as in TRL "
+                  "(data.shuffle false)", file=sys.stderr)
+            cfg = resolve_config(cfg, {"data.shuffle": False})
+        train_dataset, eval_dataset = (stream_rows(train_dataset, "train_dataset", cfg),   # TRL's IterableDataset:
+                                       stream_rows(eval_dataset, "eval_dataset", cfg))     # the rows the run draws
         self.records, dataset_path = resolve_dataset(train_dataset, cfg.data.split)
         overrides = {"data.dataset": dataset_path} if dataset_path else {}
         if isinstance(model, (str, os.PathLike)):
@@ -225,17 +230,6 @@ class Trainer:
         return evaluate(self.model, self.tokenizer, rows, self.rewards,
                         max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens, temperature=temperature,
                         seed=cfg.train.seed, timeout_s=cfg.reward.timeout_s, on_error=cfg.reward.reward_errors)
-
-
-def refuse_iterable(what: str, dataset: Any) -> None:
-    """A one-line error for a ``datasets.IterableDataset``, saying how to pass its rows."""
-    if type(dataset).__name__ == "IterableDataset":
-        from grpo.data.datasets_io import DataError
-
-        raise DataError(f"{what}: an IterableDataset is not supported (the prompts are reshuffled every epoch and a "
-                        "resumed run finds its place by index); pass its rows as a Dataset: "
-                        "Dataset.from_list(list(ds.take(n))) for the first n, or Dataset.from_generator(lambda: "
-                        "(yield from ds)) for all")
 
 
 def model_type(model: Any, cfg: Config) -> str | None:

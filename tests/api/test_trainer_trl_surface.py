@@ -60,18 +60,45 @@ def test_state_before_training_reads_the_output_directory(tmp_path):
     assert history[0]["reward"] == history[0]["reward/total/mean"] and "rewards/length/mean" in history[0]
 
 
-@pytest.mark.parametrize("what", ["train_dataset", "eval_dataset"])
-def test_an_iterable_dataset_is_refused_saying_what_to_pass(tmp_path, what):
+def test_an_iterable_dataset_gives_the_rows_the_run_draws_in_the_streams_order(tmp_path):
+    """TRL takes a datasets.IterableDataset: the run reads the first max_steps x prompts_per_step rows (2 steps x 4
+    prompts here), keeps their order (TRL does not shuffle a stream), and a stream as eval_dataset is read whole."""
+    seen = []
+
+    def spy(prompts, completions, **kwargs):
+        seen.extend(prompts)
+        return [0.0] * len(completions)
+
+    pulled = []
+
+    def rows():
+        for row in ROWS:
+            pulled.append(row["prompt"])
+            yield row
+
+    stream = IterableDataset.from_generator(rows)
+    t = trainer(tmp_path, rewards=[spy], train_dataset=stream, num_iterations=1, steps_per_generation=1,
+                max_steps=2, per_device_train_batch_size=8)
+    assert t.config.data.shuffle is False and pulled[:8] == [r["prompt"] for r in ROWS[:8]]
+    t.train()
+    assert list(dict.fromkeys(seen)) == [r["prompt"] for r in ROWS[:8]]     # the stream's first 8, in its order
+    tok = build_tokenizer()
+    evaluated = grpo.Trainer(build_model(tok, "micro", seed=0), reward_funcs=[length], tokenizer=tok,
+                             train_dataset=ROWS, eval_dataset=IterableDataset.from_generator(lambda: iter(ROWS[:5])),
+                             config={"train.output_dir": str(tmp_path / "eval")})
+    assert len(evaluated.eval_records.rows) == 5
+
+
+def test_an_iterable_dataset_needs_max_steps_not_epochs(tmp_path):
     stream = IterableDataset.from_generator(lambda: iter(ROWS))
-    kwargs = {"train_dataset": stream} if what == "train_dataset" else {"eval_dataset": stream}
-    with pytest.raises(DataError) as info:
-        tok = build_tokenizer()
-        grpo.Trainer(build_model(tok, "micro", seed=0), reward_funcs=[length], tokenizer=tok,
-                     config={"train.output_dir": str(tmp_path / "run")}, **{"train_dataset": ROWS, **kwargs})
-    assert str(info.value) == (f"{what}: an IterableDataset is not supported (the prompts are reshuffled every epoch "
-                               "and a resumed run finds its place by index); pass its rows as a Dataset: "
-                               "Dataset.from_list(list(ds.take(n))) for the first n, or Dataset.from_generator("
-                               "lambda: (yield from ds)) for all")
-    # and the advice works: both forms give the stream's rows as a Dataset
-    assert Dataset.from_list(list(stream.take(16))).to_list() == ROWS
-    assert Dataset.from_generator(lambda: (yield from stream), cache_dir=str(tmp_path / "cache")).to_list() == ROWS
+    with pytest.raises(DataError, match="^train_dataset: an IterableDataset has no length, so train.num_train_epochs "
+                                        ".*: set max_steps$"):
+        trainer(tmp_path, train_dataset=stream, max_steps=-1)
+
+
+def test_a_short_stream_is_read_whole_with_a_warning(tmp_path):
+    stream = IterableDataset.from_generator(lambda: iter(ROWS[:3]))
+    with pytest.warns(UserWarning, match="ended after 3 rows of the 8 that 2 steps of 4 prompts draw"):
+        t = trainer(tmp_path, train_dataset=stream, num_iterations=1, steps_per_generation=1, max_steps=2,
+                    per_device_train_batch_size=8)
+    assert t.records is not None and len(t.records.rows) == 3
