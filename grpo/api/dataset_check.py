@@ -5,6 +5,8 @@ Only column names are read (no rows are tokenized or validated here; train() che
 in-memory records carry theirs; of a file, a Parquet schema, a CSV header, a ``save_to_disk`` directory
 (memory-mapped), or a JSONL file's first row (every row's keys when that one lacks the column). A ``.json``
 file is checked when train() reads it. The messages are grpo.data.datasets_io's.
+
+:func:`stream_rows` turns a ``datasets.IterableDataset`` (TRL takes one) into the rows the run draws.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo.data.datasets_io import DataError, Records, rename_columns, scan_jsonl
+from grpo.data.datasets_io import DataError, Records, rename_columns, require_column, scan_jsonl
 
 
 def check_prompt_column(data: Any, records: Records | None) -> None:
@@ -45,11 +47,7 @@ def check_columns(data: Any, source: str, columns: list[str]) -> None:
     """``data.column_map`` and ``data.prompt_column`` against `columns`, as grpo.data.datasets_io.read_dataset."""
     rec = Records([], [], source, list(columns))
     rename_columns(rec, dict(data.column_map))
-    col = data.prompt_column
-    if col not in rec.columns:
-        hint = ("data.prompt_column" if col != "prompt"
-                else "set data.column_map (e.g. {question: prompt}) or data.prompt_column")
-        raise DataError(f"{source}: no column '{col}' ({hint}); columns: {', '.join(rec.columns)}")
+    require_column(rec, data.prompt_column)
 
 
 def column_names(path: Path, split: str) -> tuple[str, list[str] | None]:
@@ -78,3 +76,38 @@ def column_names(path: Path, split: str) -> tuple[str, list[str] | None]:
                 if isinstance(row, dict):
                     return str(path), list(row)
     return str(path), None
+
+
+#: An IterableDataset given as eval_dataset is read whole up to this many rows (more: pass ``ds.take(n)``).
+EVAL_STREAM_LIMIT = 100_000
+
+
+def stream_rows(dataset: Any, what: str, cfg: Any) -> Any:
+    """A ``datasets.IterableDataset`` (TRL takes one) as a list of its rows, in the stream's order; anything else
+    as it is. train_dataset: the first ``train.max_steps x train.prompts_per_step`` rows, every prompt the run
+    draws (a shorter stream is read whole and its rows come round again by epoch, with a warning); a stream has no
+    length, so ``train.num_train_epochs`` cannot give a step count (transformers also asks for max_steps then).
+    eval_dataset: every row, up to :data:`EVAL_STREAM_LIMIT`. The rows are read once, so an exact resume needs a
+    stream that gives the same rows again."""
+    import itertools
+    import warnings
+
+    if type(dataset).__name__ != "IterableDataset":
+        return dataset
+    if what != "train_dataset":
+        rows = list(itertools.islice(iter(dataset), EVAL_STREAM_LIMIT + 1))
+        if len(rows) > EVAL_STREAM_LIMIT:
+            raise DataError(f"{what}: the IterableDataset has more than {EVAL_STREAM_LIMIT} rows: pass ds.take(n)")
+        return rows
+    if cfg.train.num_train_epochs > 0:
+        raise DataError(f"{what}: an IterableDataset has no length, so train.num_train_epochs (TRL: max_steps -1, "
+                        "num_train_epochs) cannot give a step count: set max_steps")
+    needed = cfg.train.max_steps * cfg.train.prompts_per_step
+    rows = list(itertools.islice(iter(dataset), needed))
+    if not rows:
+        raise DataError(f"{what}: the IterableDataset gave no rows")
+    if len(rows) < needed:
+        warnings.warn(f"{what}: the IterableDataset ended after {len(rows)} rows of the {needed} that "
+                      f"{cfg.train.max_steps} steps of {cfg.train.prompts_per_step} prompts draw: they come round "
+                      "again by epoch", stacklevel=3)
+    return rows

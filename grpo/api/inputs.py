@@ -370,37 +370,3 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[tor
     use_lean_layers(model, cfg.train.lean_layers)
     return runtime.place(model), tokenizer
 
-
-#: An IterableDataset given as eval_dataset is read whole up to this many rows (more: pass ``ds.take(n)``).
-EVAL_STREAM_LIMIT = 100_000
-
-
-def stream_rows(dataset: Any, what: str, cfg: Config) -> Any:
-    """A ``datasets.IterableDataset`` (TRL takes one) as a list of its rows, in the stream's order; anything else
-    as it is. train_dataset: the first ``train.max_steps x train.prompts_per_step`` rows, every prompt the run
-    draws (a shorter stream is read whole and its rows come round again by epoch, with a warning); a stream has no
-    length, so ``train.num_train_epochs`` cannot give a step count (transformers also asks for max_steps then).
-    eval_dataset: every row, up to :data:`EVAL_STREAM_LIMIT`. The rows are read once, so an exact resume needs a
-    stream that gives the same rows again."""
-    import itertools
-    import warnings
-
-    if type(dataset).__name__ != "IterableDataset":
-        return dataset
-    if what != "train_dataset":
-        rows = list(itertools.islice(iter(dataset), EVAL_STREAM_LIMIT + 1))
-        if len(rows) > EVAL_STREAM_LIMIT:
-            raise DataError(f"{what}: the IterableDataset has more than {EVAL_STREAM_LIMIT} rows: pass ds.take(n)")
-        return rows
-    if cfg.train.num_train_epochs > 0:
-        raise DataError(f"{what}: an IterableDataset has no length, so train.num_train_epochs (TRL: max_steps -1, "
-                        "num_train_epochs) cannot give a step count: set max_steps")
-    needed = cfg.train.max_steps * cfg.train.prompts_per_step
-    rows = list(itertools.islice(iter(dataset), needed))
-    if not rows:
-        raise DataError(f"{what}: the IterableDataset gave no rows")
-    if len(rows) < needed:
-        warnings.warn(f"{what}: the IterableDataset ended after {len(rows)} rows of the {needed} that "
-                      f"{cfg.train.max_steps} steps of {cfg.train.prompts_per_step} prompts draw: they come round "
-                      "again by epoch", stacklevel=3)
-    return rows

@@ -23,9 +23,9 @@ from typing import Any
 
 from grpo.training.callbacks import CallbackList
 from grpo.config import Config
-from grpo.api.dataset_check import check_prompt_column
+from grpo.api.dataset_check import check_prompt_column, stream_rows
 from grpo.api.inputs import (config_for_rewards, peft_overrides, resolve_config, resolve_dataset, resolve_model,
-                             resolve_rewards, stream_rows)
+                             resolve_rewards)
 from grpo.training.runtime import build_runtime
 
 

@@ -225,6 +225,14 @@ def records_from_rows(rows: list[dict[str, Any]], source: str = "train_dataset")
                    _columns_of(rows))
 
 
+def require_column(rec: Records, col: str) -> None:
+    """A one-line DataError naming the source and its columns when the prompt column `col` is missing."""
+    if col not in rec.columns:
+        hint = ("data.prompt_column" if col != "prompt"
+                else "set data.column_map (e.g. {question: prompt}) or data.prompt_column")
+        raise DataError(f"{rec.source}: no column '{col}' ({hint}); columns: {', '.join(rec.columns)}")
+
+
 def read_dataset(cfg: DataConfig, rec: Records | None = None) -> tuple[Records, bool]:
     """Load `cfg.dataset` (or take the in-memory `rec`), apply column_map and prompt_column, check every prompt.
 
@@ -237,10 +245,7 @@ def read_dataset(cfg: DataConfig, rec: Records | None = None) -> tuple[Records, 
         rec = Records(list(rec.rows), list(rec.where), rec.source, list(rec.columns), list(rec.skipped))
     rename_columns(rec, dict(cfg.column_map))
     col = cfg.prompt_column
-    if col not in rec.columns:
-        hint = ("data.prompt_column" if col != "prompt"
-                else "set data.column_map (e.g. {question: prompt}) or data.prompt_column")
-        raise DataError(f"{rec.source}: no column '{col}' ({hint}); columns: {', '.join(rec.columns)}")
+    require_column(rec, col)
     if col != "prompt":
         rec.rows = [dict(row, prompt=row.get(col)) for row in rec.rows]
     return rec, check_rows(rec, col, cfg.skip_bad_rows)
