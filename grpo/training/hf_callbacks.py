@@ -10,7 +10,7 @@ updates, so it counts as U Hugging Face steps. The hooks come in transformers' o
 * ``on_init_end`` when ``grpo.Trainer(...)`` is built; ``on_train_begin`` and ``on_epoch_begin`` before the
   first step;
 * for each optimizer update: ``on_step_begin`` (the first one before the step's rollout), then
-  ``on_substep_end`` (gradient_accumulation_steps - 1 times), then ``on_optimizer_step``. Then
+  ``on_substep_end`` (gradient_accumulation_steps - 1 times), ``on_pre_optimizer_step`` and ``on_optimizer_step``. Then
   ``global_step`` is incremented and ``on_step_end`` is called. These hooks are called once the update has
   run: the micro-batches are inside grpo/training/update.py, so ``on_substep_end`` cannot come between them;
 * once per grpo step, after its metrics are written: ``on_log`` with ``logs`` holding grpo's keys plus TRL's
@@ -21,8 +21,9 @@ updates, so it counts as U Hugging Face steps. The hooks come in transformers' o
   end ``on_epoch_end`` for the last epoch, ``on_log`` with TRL's summary (``train_loss``, ``train_runtime``,
   ...) and ``on_train_end``.
 
-``on_pre_optimizer_step`` is never called: the optimizer step is inside grpo/training/update.py, and
-calling the hook afterwards would be wrong (the gradients are gone by then).
+``on_pre_optimizer_step`` is called from a step pre-hook on the run's optimizer
+(``optimizer.register_step_pre_hook``): after the gradients are clipped, just before ``optimizer.step()``, as in
+transformers, with the gradients there to read (a step skipped for non-finite gradients makes no call).
 ``control.should_training_stop`` stops the run at the end of the current grpo step, with a checkpoint, as
 a grpo callback returning True does.
 """
@@ -36,7 +37,8 @@ from typing import Any
 from grpo.training.trl_view import TrlProgress, training_arguments
 
 #: The TrainerCallback methods this module calls.
-HOOKS = ("on_init_end", "on_train_begin", "on_epoch_begin", "on_step_begin", "on_substep_end", "on_optimizer_step",
+HOOKS = ("on_init_end", "on_train_begin", "on_epoch_begin", "on_step_begin", "on_substep_end",
+         "on_pre_optimizer_step", "on_optimizer_step",
          "on_step_end", "on_log", "on_evaluate", "on_save", "on_epoch_end", "on_train_end")
 
 
@@ -70,6 +72,8 @@ class HFCallbacks:
                                   save_steps=a.save_steps if a else 0, eval_steps=a.eval_steps if a else 0,
                                   train_batch_size=a.per_device_train_batch_size if a else None)
         self.control = TrainerControl()
+        self.pre_step = None                 # the optimizer's step pre-hook handle (on_pre_optimizer_step)
+        self.substeps_done = False           # this update's on_substep_end calls made (by the pre-hook)
         self.objects: dict[str, Any] = {"model": None, "processing_class": None, "optimizer": None,
                                         "lr_scheduler": None, "train_dataloader": None, "eval_dataloader": None}
         self.begun = False
@@ -112,6 +116,10 @@ class HFCallbacks:
         self.progress, self.args, self.begun = progress, progress.args, True
         self.objects.update(model=state.model, processing_class=state.tokenizer, optimizer=state.optimizer,
                             lr_scheduler=state.scheduler)
+        if self.pre_step is not None:
+            self.pre_step.remove()
+        self.pre_step = state.optimizer.register_step_pre_hook(   # the gradients are clipped, not yet applied
+            lambda optimizer, args, kwargs: self._before_optimizer_step())
         s = self.state
         s.global_step, s.epoch = progress.global_step(first - 1), progress.epoch(first - 1)
         s.max_steps, s.num_train_epochs, s.log_history = progress.max_steps, progress.num_train_epochs, progress.log_history
@@ -141,8 +149,9 @@ class HFCallbacks:
             return
         u, p = self.progress.updates_per_step, self.progress
         self.updates, index = self.updates + 1, self.updates + 1
-        for _ in range(self.args.gradient_accumulation_steps - 1):
-            self.event("on_substep_end")
+        if not self.substeps_done:                     # a skipped (non-finite) step: no optimizer.step() call
+            self._substeps()
+        self.substeps_done = False
         self.event("on_optimizer_step")
         self.state.global_step = p.global_step(step - 1) + index
         self.state.epoch = p.epoch(step - 1) + (p.epoch(step) - p.epoch(step - 1)) * index / u
@@ -181,9 +190,24 @@ class HFCallbacks:
             self.state.log_history.append({**logs, "step": self.state.global_step})
             self.event("on_log", logs=logs)
         self.objects["model"] = getattr(result, "model", None) or self.objects["model"]
+        if self.pre_step is not None:
+            self.pre_step.remove()
+            self.pre_step = None
         self.event("on_train_end")
 
     # ------------------------------------------------------------
+
+    def _substeps(self) -> None:
+        for _ in range(self.args.gradient_accumulation_steps - 1):
+            self.event("on_substep_end")
+        self.substeps_done = True
+
+    def _before_optimizer_step(self) -> None:
+        """The optimizer's step pre-hook: transformers' on_substep_end calls, then on_pre_optimizer_step."""
+        if self.progress is None:
+            return
+        self._substeps()
+        self.event("on_pre_optimizer_step")
 
     def _step_begin(self) -> None:
         self.control.should_log = self.control.should_evaluate = self.control.should_save = False

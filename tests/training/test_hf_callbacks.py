@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from transformers import TrainerCallback
 
 import grpo
@@ -109,9 +110,8 @@ def test_hooks_come_in_trls_order_counting_optimizer_updates(tmp_path):
     result = trl_trainer(tmp_path, cb).train()
     # TRL 1.16 with the same batch keys, 16 prompts and max_steps 4 (/tmp/exp/a5/trl_ref.py 1 4 2 4) calls, as
     # (hook, global_step, epoch): each update does 2 micro-batches (1 on_substep_end) and moves the epoch by
-    # 4 prompts / 16 = 0.25. TRL's on_pre_optimizer_step is the one hook left out (the optimizer step is inside
-    # grpo/training/update.py).
-    update = [("on_substep_end",), ("on_optimizer_step",)]
+    # 4 prompts / 16 = 0.25; on_pre_optimizer_step comes from the optimizer's step pre-hook.
+    update = [("on_substep_end",), ("on_pre_optimizer_step",), ("on_optimizer_step",)]
     expected = [("on_init_end", 0, 0.0), ("on_train_begin", 0, 0.0), ("on_epoch_begin", 0, 0.0)]
     for g in range(4):
         expected += [("on_step_begin", g, g / 4)] + [(u[0], g, g / 4) for u in update] + [("on_step_end", g + 1, (g + 1) / 4)]
@@ -171,3 +171,19 @@ def test_trainer_callback_list_and_log(tmp_path):
     t.train()
     assert second.events[:2] == [("log", 0, False, 1), ("begin", 0, 4)] and second.events[-1] == ("end", 4, True)
     assert [r["step"] for r in t.state.log_history[:2]] == [2, 4] and t.state.global_step == 4
+
+
+def test_on_pre_optimizer_step_sees_the_clipped_gradients_before_they_are_applied(tmp_path):
+    class Grads(TrainerCallback):
+        def __init__(self):
+            self.seen = []
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+            self.seen.append((len(grads) > 0, norm, optimizer is not None))
+
+    cb = Grads()
+    trl_trainer(tmp_path, cb, max_steps=2, max_grad_norm=1e-3).train()
+    assert len(cb.seen) == 2 and all(has and opt for has, _, opt in cb.seen)
+    assert all(norm <= 1e-3 * (1 + 1e-6) for _, norm, _ in cb.seen)        # after clipping to max_grad_norm
