@@ -64,7 +64,7 @@ def parse_overrides(tokens: list[str], trl: bool = False) -> dict[str, Any]:
     GRPOConfig names are taken too (`--learning_rate 1e-6`, `--num-generations 8`; a bare `--use_peft` is
     true, `--no_shuffle_dataset` false; a list key takes several values: `--reward_funcs a b`), under their
     TRL name, for grpo.config.trl to map; their values are checked here (errors name the flag as written)."""
-    from grpo.config.trl import TRL_KEYS, is_trl_key
+    from grpo.config.trl import TRL_KEYS, is_trl_key, is_trl_name
     from grpo.config.trl_values import BOOL_KEYS, LIST_KEYS, NEGATABLE, STR_KEYS, check_value
 
     out: dict[str, Any] = {}
@@ -101,6 +101,9 @@ def parse_overrides(tokens: list[str], trl: bool = False) -> dict[str, Any]:
             continue
         if not tok.startswith("--") or "." not in tok:
             hint = f"; TRL's {name} is --{TRL_KEYS[name][0]} here" if is_trl and name in TRL_KEYS else ""
+            if tok.startswith("--") and not hint and is_trl_name(name):    # eval_on_start, fsdp_config, ...
+                raise ConfigError(f"unrecognised argument '{tok}': '{name}' is a TRL / transformers TrainingArguments "
+                                  "key grpo does not map (docs/migrating-from-trl.md lists the mapped keys)")
             raise ConfigError(f"unrecognised argument '{tok}' (config keys are given as --section.key VALUE{hint})")
         if not eq:
             if i + 1 >= len(tokens):

@@ -34,6 +34,9 @@ def test_parse_overrides_takes_trl_names_for_grpo_train():
         parse_overrides(argv)
     with pytest.raises(ConfigError, match="unrecognised argument '--logging_stepz'"):
         parse_overrides(["--logging_stepz", "1"], trl=True)
+    with pytest.raises(ConfigError, match="^unrecognised argument '--eval-on-start': 'eval_on_start' is a TRL / "
+                                          "transformers TrainingArguments key grpo does not map"):
+        parse_overrides(["--eval-on-start", "true"], trl=True)       # a field grpo has no counterpart for
 
 
 def test_train_two_steps_through_the_cli(micro_dir, tmp_path):
