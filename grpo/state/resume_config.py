@@ -40,7 +40,8 @@ REFUSED: dict[str, str] = {
 }
 
 
-#: The adapter keys of REFUSED: without LoRA (lora.enabled false before and now) there is no adapter they describe.
+#: The adapter keys of REFUSED: without LoRA (lora.enabled false before and now) there is no adapter they describe,
+#: so their change applies (to nothing) instead of being refused.
 NO_ADAPTER_KEYS = ("lora.r", "lora.alpha", "lora.target_modules")
 
 
@@ -57,8 +58,7 @@ def refused_change(saved: dict[str, Any], cfg: Config, checkpoint: Path) -> str 
     for key, why in REFUSED.items():
         if key in old and old[key] != new.get(key):     # a key the checkpoint predates is not a change
             if key in NO_ADAPTER_KEYS and not old.get("lora.enabled") and not new.get("lora.enabled"):
-                why = (f"the checkpoint holds full weights, no LoRA adapter (lora.enabled false), so {key} would "
-                       f"change nothing and is kept as it was")
+                continue                                # no adapter (full weights): the key changes nothing
             return (f"cannot resume {checkpoint.name} with a changed {key} ({old[key]!r} -> {new.get(key)!r}): {why}; "
                     f"set it back, or start a new run (train.resume: never)")
     algo = cfg.algorithm

@@ -107,13 +107,12 @@ def test_turning_on_the_reference_refresh_needs_a_saved_reference(tmp_path):
 
 @pytest.mark.parametrize("key,old,new", [("lora.r", 16, 8), ("lora.alpha", 32, 16),
                                          ("lora.target_modules", ["all-linear"], ["q_proj"])])
-def test_an_adapter_key_changed_on_a_run_without_lora_says_there_is_no_adapter(tmp_path, key, old, new):
-    """F-7: a full fine-tuning run (lora.enabled false before and now) has no adapter of the old rank."""
+def test_an_adapter_key_changed_on_a_run_without_lora_is_not_refused(tmp_path, key, old, new):
+    """A full fine-tuning run (lora.enabled false before and now) has no adapter: the key changes nothing; with
+    LoRA on, the same change is refused (the adapter in the checkpoint has the old shape or scale)."""
     saved = to_dict(build_config(overrides={key: old}))
     assert saved["lora"]["enabled"] is False
-    with pytest.raises(ConfigError) as info:
-        refuse_changes(saved, build_config(overrides={key: new}), tmp_path / "checkpoint-38")
-    assert str(info.value) == (f"cannot resume checkpoint-38 with a changed {key} ({old!r} -> {new!r}): the checkpoint "
-                               f"holds full weights, no LoRA adapter (lora.enabled false), so {key} would change "
-                               f"nothing and is kept as it was; set it back, or start a new run (train.resume: never)")
-    assert "adapter in the checkpoint" not in str(info.value)
+    assert refused_change(saved, build_config(overrides={key: new}), tmp_path / "checkpoint-38") is None
+    with_lora = to_dict(build_config(overrides={key: old, "lora.enabled": True}))
+    with pytest.raises(ConfigError, match=f"^cannot resume checkpoint-38 with a changed {key} "):
+        refuse_changes(with_lora, build_config(overrides={key: new, "lora.enabled": True}), tmp_path / "checkpoint-38")
