@@ -140,6 +140,7 @@ class Trainer:
         job = Job(self.config, self.model, self.tokenizer, self.records, self.rewards, self.step_rewards,
                   self.runtime, self.callbacks, self.eval_records, self.env)
         self.result = run(job)
+        self.config = job.cfg                                # train.num_train_epochs: max_steps as resolved
         return self.result
 
     def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:

@@ -102,3 +102,13 @@ def test_a_short_stream_is_read_whole_with_a_warning(tmp_path):
         t = trainer(tmp_path, train_dataset=stream, num_iterations=1, steps_per_generation=1, max_steps=2,
                     per_device_train_batch_size=8)
     assert t.records is not None and len(t.records.rows) == 3
+
+
+def test_after_training_by_epochs_the_config_holds_the_resolved_step_count(tmp_path):
+    """TRL's max_steps -1 / num_train_epochs 1: 16 prompts at 4 per step (8 completions of 2 per prompt) -> 4 steps;
+    trainer.config says so after train(), as the run's config.yaml does."""
+    t = trainer(tmp_path, max_steps=-1, num_train_epochs=1, num_iterations=1, steps_per_generation=1,
+                per_device_train_batch_size=8)
+    assert t.config.train.num_train_epochs == 1.0
+    result = t.train()
+    assert result.steps == 4 and t.config.train.max_steps == 4
