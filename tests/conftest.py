@@ -15,3 +15,38 @@ def tiny_qwen2(vocab_size: int = 32, seed: int = 0) -> Qwen2ForCausalLM:
 @pytest.fixture
 def tiny_model():
     return tiny_qwen2()
+
+
+class ScalarReads:
+    """Counts the device-to-host scalar reads (``aten._local_scalar_dense``: ``float()``, ``.item()``) made while
+    it is active, by code whose innermost grpo frame is in one of `files` (path suffixes): on a GPU each one stalls
+    the host until the queued kernels have run. ``with ScalarReads("training/update.py") as reads: ...``;
+    then ``reads.count``."""
+
+    def __init__(self, *files: str):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+        self.files, self.count = files, 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    outer._seen()
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+    def _seen(self) -> None:
+        import traceback
+
+        ours = [f.filename for f in traceback.extract_stack() if "/grpo/" in f.filename]
+        if ours and ours[-1].endswith(self.files):
+            self.count += 1
+
+    def __enter__(self) -> "ScalarReads":
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mode.__exit__(*exc)

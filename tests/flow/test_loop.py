@@ -117,26 +117,13 @@ def test_the_update_reads_its_statistics_once_per_optimizer_step(tmp_path):
     """The loss statistics are summed on the device over micro-batches and read once per optimizer step (each
     read of a device value stalls the host on a GPU): the scalar reads made by grpo/flow/update.py and
     objective.py do not grow when the same pairs are split into more micro-batches."""
-    import traceback
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class ScalarReads(TorchDispatchMode):
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                ours = [f.filename for f in traceback.extract_stack() if "/grpo/" in f.filename]
-                if ours and ours[-1].endswith(("flow/update.py", "flow/objective.py")):
-                    ScalarReads.count += 1
-            return func(*args, **(kwargs or {}))
+    from tests.conftest import ScalarReads
 
     reads, losses = {}, {}
     for mb in (2, 1000):
-        ScalarReads.count = 0
-        with ScalarReads():
+        with ScalarReads("flow/update.py", "flow/objective.py") as counted:
             run_flow(_cfg(tmp_path / str(mb), **{"flow.micro_batch_size": mb, "train.max_steps": 1}))
-        reads[mb] = ScalarReads.count
+        reads[mb] = counted.count
         losses[mb] = read_metrics(tmp_path / str(mb) / "metrics.jsonl")[0]["loss/total"]
     assert reads[2] == reads[1000], reads
     assert losses[2] == pytest.approx(losses[1000], rel=1e-5)

@@ -392,19 +392,7 @@ def test_the_loss_statistics_are_read_once_per_update_not_per_micro_batch():
     scalar reads (``aten._local_scalar_dense``) made by the loss and the update loop (grpo/algorithms/loss.py,
     grpo/training/update.py) in one update of 1 and of 6 micro-batches. (The forward's data-dependent shapes,
     trimming padding and selecting real tokens, read the mask: those are not counted.)"""
-    import traceback
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class ScalarReads(TorchDispatchMode):
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                ours = [f.filename for f in traceback.extract_stack() if "/grpo/" in f.filename]
-                if ours and ours[-1].endswith(("algorithms/loss.py", "training/update.py")):
-                    ScalarReads.count += 1
-            return func(*args, **(kwargs or {}))
+    from tests.conftest import ScalarReads
 
     batch = make_batch()
     batch.ref_logprobs = fixed_logprobs(tiny_qwen2(seed=1), batch.input_ids, batch.attention_mask, 5)
@@ -415,11 +403,10 @@ def test_the_loss_statistics_are_read_once_per_update_not_per_micro_batch():
         model = tiny_qwen2()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        ScalarReads.count = 0
-        with ScalarReads():
+        with ScalarReads("algorithms/loss.py", "training/update.py") as counted:
             results[mb] = policy_update(model, opt, sched, batch, algo, temperature=1.0, micro_batch_size=mb,
                                         max_grad_norm=1.0)
-        reads[mb] = ScalarReads.count
+        reads[mb] = counted.count
         assert results[mb].rollout_logprob_diff == pytest.approx(0.01, abs=1e-5) and results[mb].kl > 0
     assert reads[0] == reads[1] <= 1, reads                      # at most the gradient norm's
     for field in ("loss", "policy_loss", "kl_loss", "kl", "clip_fraction", "entropy", "entropy_loss"):
