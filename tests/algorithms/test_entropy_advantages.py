@@ -7,9 +7,9 @@ import math
 import torch
 
 from grpo.algorithms.advantages import grpo_advantages
-from grpo.algorithms.entropy_advantages import (ENTROPY_ADVANTAGES, edge_advantages, grpo_s_rewards,
-                                                gtpo_advantages, gtpo_token_rewards, guided_correction_rows,
-                                                mean_entropy)
+from grpo.algorithms.entropy_advantages import (ENTROPY_ADVANTAGES, edge_advantages, grpo_s_advantages,
+                                                grpo_s_rewards, gtpo_advantages, gtpo_token_rewards,
+                                                guided_correction_rows, mean_entropy, outcome_ties)
 
 CPU = torch.device("cpu")
 f64 = lambda *v: torch.tensor(v, dtype=torch.float64, device=CPU)  # noqa: E731
@@ -123,6 +123,30 @@ def test_gtpo_advantages_normalise_by_the_group_of_mean_shaped_rewards():
     R = tok.mean(1)
     expected = (tok - R.mean()) / (R.std() + 1e-4)
     assert torch.allclose(gtpo_advantages(r, None, r > 0, H, mask, 4, 0.5, None), expected, rtol=1e-12)
+
+
+def test_a_group_whose_rewards_tie_gets_no_advantage_from_the_entropy_term():
+    """Group 0 all correct, group 1 all wrong (no signal: GRPO gives 0), group 2 mixed. The entropies
+    differ within every group, so the shaped rewards differ; only group 2 may get advantages, and they
+    are what the group gets alone (the normalisation is per group)."""
+    r = f64(1, 1, 1, 0, 0, 0, 1, 0, 0)
+    H = f64(0.1, 0.2, 1.0, 2.0, 0.5, 0.5, 0.3, 0.9, 1.5, 0.1, 0.4, 0.4, 2.0, 0.2, 0.7, 0.7, 0.05, 1.0).view(9, 2)
+    mask = torch.ones(9, 2, dtype=torch.float64)
+    assert outcome_ties(r, 3).tolist() == [True] * 6 + [False] * 3
+    assert outcome_ties(f64(1, 1, float("nan"), 0), 2).tolist() == [True, True, True, True]   # one finite: no signal
+    for fn, w in ((gtpo_advantages, 0.1), (grpo_s_advantages, 0.1), (gtpo_advantages, 2.0)):
+        got = fn(r, None, r > 0, H, mask, 3, w, estimate(3))
+        assert torch.equal(got[:6], torch.zeros_like(got[:6])), fn.__name__
+        alone = fn(r[6:], None, r[6:] > 0, H[6:], mask[6:], 3, w, estimate(3))
+        assert torch.allclose(got[6:], alone, rtol=1e-12) and bool((got[6:] != 0).any())
+    # hand value, GRPO-S in the mixed group (mean entropies 1.1, 0.7, 0.525; row 6 the only correct one):
+    # r^ = (1 + w, -w * 2 * (1/0.7) / (1/0.7 + 1/0.525), -w * 2 * (1/0.525) / (1/0.7 + 1/0.525))
+    w = 0.1
+    inv = 1 / 0.7 + 1 / 0.525
+    shaped = f64(1 + w, -w * 2 * (1 / 0.7) / inv, -w * 2 * (1 / 0.525) / inv)
+    expected = (shaped - shaped.mean()) / (shaped.std() + 1e-4)
+    got = grpo_s_advantages(r, None, r > 0, H, mask, 3, w, lambda x: grpo_advantages(x, 3, 1e-4).values)
+    assert torch.allclose(got[6:], expected, rtol=1e-10)
 
 
 def test_guided_correction_rows():

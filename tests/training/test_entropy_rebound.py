@@ -9,7 +9,10 @@ fires in groups with no correct answer, against plain GRPO with the same beta 0.
 Measured on this task (seed 0, 100 steps; bench/entropy_rebound.py, docs/variants.md "Entropy rebound"):
 there is no dip and no rebound for either, at the demo's lr 3e-5 or at 1e-4. The mean token entropy rises
 over the first 4 steps, then falls steadily; EDGE-GRPO's falls more slowly (last 10 steps 0.055 against
-0.045 at lr 3e-5) but never recovers. The test states the claim and is expected to fail here on its
+0.045 at lr 3e-5) but never recovers. Over 300 steps (bench/entropy_rebound.py --steps 300) the one
+rebound seen was GTPO's before groups whose rewards tie got no advantage: its entropy climbed from 0.042 to
+0.083 while its training accuracy collapsed from 0.65 to under 0.16, the entropy term outweighing the task;
+with that rule no configuration rebounds. The test states the claim and is expected to fail here on its
 assertion (strict: it reports when the behaviour appears).
 """
 
