@@ -1,6 +1,6 @@
 """Policy entropy over training on the embedded demo task, plain GRPO against entropy-shaped advantages.
 
-    .venv/bin/python bench/entropy_rebound.py [--steps 100] [--jobs 2] [--configs grpo edge ...]
+    .venv/bin/python bench/entropy_rebound.py [--steps 100] [--jobs 2] [--configs grpo edge ...] [--out NAME]
 
 EDGE-GRPO (arXiv 2507.21848) and GTPO / GRPO-S (arXiv 2508.04349) report that the policy entropy recovers
 after its early dip with entropy-shaped advantages, where GRPO's keeps falling. Each configuration below
@@ -8,7 +8,7 @@ is the demo's settings (grpo/cli/demo.py: G = 8, 16 prompts per step, seed 0, on
 named changes, trained in its own process through the Python API. The train set is the embedded task's
 with a `solution` column (the worked completion, `<think>a+b=c,...</think><answer>n</answer>`), which
 only guided error correction reads. Prints mean `policy/entropy` and training accuracy per block of 10
-steps and writes bench/results/entropy_rebound.json (the per-step curves too).
+steps (20 past 100 steps) and writes bench/results/entropy_rebound.json, or NAME.json (the per-step curves too).
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ CONFIGS: dict[str, dict] = {
                           "algorithm.beta": 0.0, "optim.lr": 1e-4},
     "grpo-beta0-lr3e-4": {"algorithm.beta": 0.0, "optim.lr": 3e-4},
     "edge_grpo-preset-lr3e-4": {"algorithm.preset": "edge_grpo", "optim.lr": 3e-4},
+    # 2026-11-27, 300 steps (--out entropy_rebound_300): GTPO and GRPO-S at the paper's weight 0.1, and the presets
+    "gtpo-lr1e-4": {"algorithm.entropy_advantage": "gtpo", "algorithm.beta": 0.0, "optim.lr": 1e-4},
+    "grpo_s-lr1e-4": {"algorithm.entropy_advantage": "grpo_s", "algorithm.beta": 0.0, "optim.lr": 1e-4},
+    "gtpo-preset": {"algorithm.preset": "gtpo"},
+    "grpo_s-preset": {"algorithm.preset": "grpo_s"},
 }
 
 CHILD = """
@@ -83,18 +88,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--jobs", type=int, default=2, help="configurations run at once (one thread each)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--out", default="entropy_rebound", help="results file name under bench/results (no .json)")
     args = parser.parse_args()
+    size = 10 if args.steps <= 100 else 20
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda n: run_config(n, args.steps, Path(tmp)), args.configs))
-    head = "| configuration | measure | " + " | ".join(f"{i + 1}-{min(i + 10, args.steps)}"
-                                                         for i in range(0, args.steps, 10)) + " |"
-    lines = [head, "|" + " --- |" * (2 + len(range(0, args.steps, 10)))]
+    head = "| configuration | measure | " + " | ".join(f"{i + 1}-{min(i + size, args.steps)}"
+                                                         for i in range(0, args.steps, size)) + " |"
+    lines = [head, "|" + " --- |" * (2 + len(range(0, args.steps, size)))]
     for row in rows:
         for key in ("entropy", "accuracy"):
-            lines.append(f"| {row['config']} | {key} | " + " | ".join(f"{v:.3f}" for v in blocks(row[key])) + " |")
+            lines.append(f"| {row['config']} | {key} | " + " | ".join(f"{v:.3f}" for v in blocks(row[key], size)) + " |")
     table = "\n".join(lines)
     print(table)
-    print(f"wrote {write_results('entropy_rebound', rows, {'steps': args.steps, 'markdown': table})}")
+    print(f"wrote {write_results(args.out, rows, {'steps': args.steps, 'markdown': table})}")
 
 
 if __name__ == "__main__":
