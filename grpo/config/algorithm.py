@@ -140,7 +140,8 @@ class AlgorithmConfig:
     entropy_advantage: str = _f("none", "Entropy-shaped advantages (registry in grpo/algorithms/entropy_advantages.py): "
                                 "none | edge (EDGE-GRPO: A_i x mean_batch(H) / H_i) | gtpo (GTPO: entropy-weighted "
                                 "token rewards) | grpo_s (GRPO-S: entropy-weighted sequence rewards). H = the "
-                                "policy's token entropy at sampling time (one extra no-grad pass).")
+                                "policy's token entropy at sampling time (one extra no-grad pass). A group whose "
+                                "rewards tie gets no advantage, as in GRPO.")
     entropy_reward_weight: float = _f(0.1, "GTPO / GRPO-S: the weight alpha_2 (beta_2) of the entropy term in the shaped "
                                       "reward, the outcome's weight being 1 (GTPO's experiments: 0.1).")
     guided_error_correction: bool = _f(False, "EDGE-GRPO guided error correction: in a group with no correct completion, "
