@@ -98,6 +98,15 @@ class CallbackList:
     def request_stop(self) -> None:
         self.stop_requested = True
 
+    def take_request(self, flag: str) -> bool:
+        """A Hugging Face callback's ``control.should_save`` / ``should_evaluate`` ("save" / "evaluate")
+        since the last call; clears it."""
+        return self.hf.take(flag)
+
+    def want_eval_set(self) -> bool:
+        """Hugging Face callbacks are present, so ``control.should_evaluate`` may ask for the eval set."""
+        return bool(self.hf.callbacks)
+
     def _call(self, hook: str, *args: Any) -> list[Any]:
         return [getattr(cb, hook)(*args) for cb in self.callbacks if callable(getattr(cb, hook, None))]
 

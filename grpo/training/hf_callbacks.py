@@ -25,7 +25,13 @@ updates, so it counts as U Hugging Face steps. The hooks come in transformers' o
 (``optimizer.register_step_pre_hook``): after the gradients are clipped, just before ``optimizer.step()``, as in
 transformers, with the gradients there to read (a step skipped for non-finite gradients makes no call).
 ``control.should_training_stop`` stops the run at the end of the current grpo step, with a checkpoint, as
-a grpo callback returning True does.
+a grpo callback returning True does. ``control.should_save`` set by any hook during a grpo step writes a
+checkpoint at its end (then ``on_save``), whatever ``train.save_steps`` says. ``control.should_evaluate``
+runs the held-out evaluation after the step's updates (its ``eval_`` metrics in that step's ``on_log``, then
+``on_evaluate``) when the run has an eval set (``eval_dataset`` / ``data.eval_dataset``); one set in
+``on_log`` or later is taken at the next step. As under transformers, ``on_step_begin`` clears the flags, but
+a request made earlier in the same grpo step is kept until the loop acts on it. ``should_log`` (every step is
+logged) and ``should_epoch_stop`` are not read.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ class HFCallbacks:
         self.epoch_index = 0            # the epoch the last on_epoch_begin opened
         self.epoch_open = False
         self.updates = 0
+        self.wanted: set[str] = set()    # "save" / "evaluate": control flags set since the loop last took them
 
     # ------------------------------------------------------------ the list (transformers' CallbackHandler)
 
@@ -180,7 +187,16 @@ class HFCallbacks:
 
     def on_checkpoint(self, path: Path) -> None:
         self.control.should_save = False
+        self.wanted.discard("save")
         self.event("on_save")
+
+    def take(self, flag: str) -> bool:
+        """Whether ``control.should_<flag>`` ("save" / "evaluate") was set since the last take; clears it."""
+        self._keep_requests()
+        hit = flag in self.wanted
+        self.wanted.discard(flag)
+        setattr(self.control, f"should_{flag}", False)
+        return hit
 
     def on_train_end(self, result: Any) -> None:
         if self.epoch_open:
@@ -209,7 +225,11 @@ class HFCallbacks:
         self._substeps()
         self.event("on_pre_optimizer_step")
 
+    def _keep_requests(self) -> None:
+        self.wanted |= {f for f in ("save", "evaluate") if getattr(self.control, f"should_{f}", False)}
+
     def _step_begin(self) -> None:
+        self._keep_requests()                          # a request of this grpo step's earlier updates stands
         self.control.should_log = self.control.should_evaluate = self.control.should_save = False
         self.event("on_step_begin")
 

@@ -137,6 +137,13 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
     return stats
 
 
+def wants_eval_set(job: Job) -> bool:
+    """Load the held-out rows: `train.eval_steps`, or an eval set that a TrainerCallback's
+    control.should_evaluate may ask for."""
+    has_set = bool(job.cfg.data.eval_dataset) or job.eval_records is not None
+    return bool(job.cfg.train.eval_steps) or (has_set and job.callbacks.want_eval_set())
+
+
 def wants_checkpoint(tc: TrainConfig, step: int) -> bool:
     """Every `save_steps` steps, and at the end with `save_final`."""
     return bool(tc.save_steps and step % tc.save_steps == 0) or (tc.save_final and step == tc.max_steps)
@@ -194,7 +201,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         cfg, tc = job.cfg, job.cfg.train                       # train.num_train_epochs: max_steps resolved
         state.extras += build_extras(cfg, job.rewards, world.world_size)  # reward.reward_model_update
         model, tokenizer = state.model, state.tokenizer
-        held_out = eval_rows(cfg, tokenizer, job.eval_records) if tc.eval_steps else None   # checked before any write
+        held_out = eval_rows(cfg, tokenizer, job.eval_records) if wants_eval_set(job) else None   # checked before any write
         run_cfg = world.shard(state, cfg)                      # torchrun: this rank's share of the prompts
         ckpt = find_checkpoint(cfg)                            # train.resume: never | auto | PATH
         if ckpt is not None:
@@ -239,7 +246,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                           **runtime.memory_metrics(), **extra}
                 logged, extra_columns = reward_log.finish(record, len(exp.groups.completions))  # log_metric, log_extra
                 record.update(logged)
-                if held_out is not None and step % tc.eval_steps == 0 and world.is_main:   # train.eval_steps
+                asked_eval = callbacks.take_request("evaluate")   # a TrainerCallback's control.should_evaluate
+                if held_out is not None and (asked_eval or tc.eval_steps and step % tc.eval_steps == 0) and world.is_main:
                     with reward_context(progress.reward_state(step + 1)):   # after the step's updates
                         record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
                 if step == first and world.is_main:
@@ -257,9 +265,10 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 emit("step", step)
                 done = step
                 stop_now = world.any(stop.requested or asked)
+                asked_save = world.any(callbacks.take_request("save"))   # a TrainerCallback's control.should_save
                 if bad.record(step, any(s.skipped for s in stats)):
                     bad.check(step, checkpoint)                # raises after max_bad_steps; never saves a bad state
-                elif wants_checkpoint(tc, step) or stop_now:
+                elif wants_checkpoint(tc, step) or stop_now or asked_save:
                     logger.sync()
                     checkpoint = world.save(out, step, state, cfg)
                     callbacks.checkpoint(checkpoint)

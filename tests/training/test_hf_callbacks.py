@@ -187,3 +187,49 @@ def test_on_pre_optimizer_step_sees_the_clipped_gradients_before_they_are_applie
     trl_trainer(tmp_path, cb, max_steps=2, max_grad_norm=1e-3).train()
     assert len(cb.seen) == 2 and all(has and opt for has, _, opt in cb.seen)
     assert all(norm <= 1e-3 * (1 + 1e-6) for _, norm, _ in cb.seen)        # after clipping to max_grad_norm
+
+
+class Requests(TrainerCallback):
+    """Sets control.should_save / should_evaluate from on_step_end at chosen global steps, as users do."""
+
+    def __init__(self, save_at=(), evaluate_at=()):
+        self.save_at, self.evaluate_at, self.saves, self.evaluations = save_at, evaluate_at, [], []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_save = state.global_step in self.save_at
+        control.should_evaluate = state.global_step in self.evaluate_at
+
+    def on_save(self, args, state, control, **kwargs):
+        self.saves.append(state.global_step)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.evaluations.append((state.global_step, "eval_rewards/digits/mean" in metrics))
+
+
+def test_should_save_and_should_evaluate_are_acted_on(tmp_path):
+    cb = Requests(save_at={2}, evaluate_at={1})
+    tok = build_tokenizer()
+    config = {"max_steps": 3, "num_generations": 4, "max_completion_length": 6, "train.prompts_per_step": 2,
+              "log.progress_bar": False, "train.num_threads": 1, "train.output_dir": str(tmp_path / "run"),
+              "train.save_final": False}                       # save_steps 0 and eval_steps 0: only the requests
+    grpo.Trainer(build_model(tok, "micro", seed=0), reward_funcs=[digits], train_dataset=ROWS, tokenizer=tok,
+                 config=config, callbacks=[cb], eval_dataset=ROWS[:4]).train()
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"] and cb.saves == [2]
+    assert cb.evaluations == [(1, True)]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert ["eval/reward/digits" in r for r in records] == [True, False, False]
+
+
+def test_a_save_request_of_an_earlier_update_survives_the_next_on_step_begin(tmp_path):
+    # 2 optimizer updates per grpo step: the request at global step 1 is cleared from control by update 2's
+    # on_step_begin, as in transformers, and still saves at the end of grpo step 1
+    cb = Requests(save_at={1})
+    trl_trainer(tmp_path, cb).train()
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-1"] and cb.saves == [2]
+
+
+def test_should_evaluate_without_an_eval_set_does_nothing(tmp_path):
+    cb = Requests(evaluate_at={1})
+    trainer(tmp_path, cb).train()
+    assert cb.evaluations == []
