@@ -1,6 +1,7 @@
 """Policy entropy over training on the embedded demo task, plain GRPO against entropy-shaped advantages.
 
     .venv/bin/python bench/entropy_rebound.py [--steps 100] [--jobs 2] [--configs grpo edge ...] [--out NAME]
+    .venv/bin/python bench/entropy_rebound.py --steps 200 --preset-sweep 1e-4 --out preset_sweep   # every preset at lr
 
 EDGE-GRPO (arXiv 2507.21848) and GTPO / GRPO-S (arXiv 2508.04349) report that the policy entropy recovers
 after its early dip with entropy-shaped advantages, where GRPO's keeps falling. Each configuration below
@@ -89,7 +90,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="configurations run at once (one thread each)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--out", default="entropy_rebound", help="results file name under bench/results (no .json)")
+    parser.add_argument("--preset-sweep", type=float, metavar="LR",
+                        help="instead of --configs: every algorithm preset at this learning rate (a stress test)")
     args = parser.parse_args()
+    if args.preset_sweep:
+        from grpo.config.presets import PRESETS
+
+        for name in PRESETS:
+            CONFIGS[f"{name}-lr{args.preset_sweep:g}"] = {"algorithm.preset": name, "optim.lr": args.preset_sweep}
+        args.configs = [f"{name}-lr{args.preset_sweep:g}" for name in PRESETS]
     size = 10 if args.steps <= 100 else 20
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda n: run_config(n, args.steps, Path(tmp)), args.configs))
