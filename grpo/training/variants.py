@@ -112,7 +112,9 @@ def guided_error_correction(model, tokenizer, gen: Generation, completions: list
 def reward_variants(model, tokenizer, gen: Generation, completions: list[str], prompts: list, columns: dict,
                     scored: Scored, rewards, cfg: Config, group_size: int, combine):
     """Guided error correction, then GRPO-LEAD's correctness reward; the total recombined.
-    Returns (gen, completions, scored, metrics); metrics: ``advantages/gec_injected`` (completions replaced)."""
+    Returns (gen, completions, scored, metrics); metrics: ``advantages/gec_injected`` (completions replaced),
+    ``reward/<correctness fn>/raw_mean`` (its mean before GRPO-LEAD reshapes it: the accuracy, where
+    ``reward/<fn>/mean`` is the reshaped reward's)."""
     algo, metrics = cfg.algorithm, {}
     if algo.guided_error_correction:
         gen, completions, scored, injected = guided_error_correction(model, tokenizer, gen, completions, prompts,
@@ -121,6 +123,8 @@ def reward_variants(model, tokenizer, gen: Generation, completions: list[str], p
     if (algo.length_reward_alpha > 0 or algo.wrong_answer_penalty > 0) and scored.per_function.shape[1]:
         col = correctness_column(scored.names, cfg)
         per_function = scored.per_function.clone()
+        raw = per_function[:, col]
+        metrics[f"reward/{scored.names[col]}/raw_mean"] = float(raw.nan_to_num(0).sum() / raw.isfinite().sum().clamp(min=1))
         lengths = gen.completion_mask.sum(dim=1).to(per_function.device)
         per_function[:, col] = lead_correctness_reward(per_function[:, col], lengths, group_size,
                                                        algo.length_reward_alpha, algo.wrong_answer_penalty)

@@ -69,6 +69,9 @@ def test_lead_reward_in_draw_groups_is_the_pure_function():
     expected = lead_correctness_reward(plain.per_function[:, 0], lengths_of(plain.gen), 3, 0.05, 1.0)
     assert torch.allclose(lead.per_function[:, 0], expected) and torch.allclose(lead.total, expected)
     assert bool((plain.total > 0).any()) and bool((lead.total == -1).any())
+    # the accuracy before the reshaping stays visible
+    assert lead.metrics["reward/digits/raw_mean"] == pytest.approx(float(plain.per_function[:, 0].mean()))
+    assert "reward/digits/raw_mean" not in plain.metrics
 
 
 def test_advantage_variants_apply_edge_then_difficulty_weights():
