@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/entropy_rebound.py [--steps 100] [--jobs 2] [--configs grpo edge ...] [--out NAME]
     .venv/bin/python bench/entropy_rebound.py --steps 200 --preset-sweep 1e-4 --out preset_sweep   # every preset at lr
+    .venv/bin/python bench/entropy_rebound.py --steps 100 --preset-sweep 3e-5 --set algorithm.num_iterations=2 --out ...
 
 EDGE-GRPO (arXiv 2507.21848) and GTPO / GRPO-S (arXiv 2508.04349) report that the policy entropy recovers
 after its early dip with entropy-shaped advantages, where GRPO's keeps falling. Each configuration below
@@ -92,6 +93,8 @@ def main() -> None:
     parser.add_argument("--out", default="entropy_rebound", help="results file name under bench/results (no .json)")
     parser.add_argument("--preset-sweep", type=float, metavar="LR",
                         help="instead of --configs: every algorithm preset at this learning rate (a stress test)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="overrides added to every configuration (values parsed as JSON, else strings)")
     args = parser.parse_args()
     if args.preset_sweep:
         from grpo.config.presets import PRESETS
@@ -99,6 +102,14 @@ def main() -> None:
         for name in PRESETS:
             CONFIGS[f"{name}-lr{args.preset_sweep:g}"] = {"algorithm.preset": name, "optim.lr": args.preset_sweep}
         args.configs = [f"{name}-lr{args.preset_sweep:g}" for name in PRESETS]
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+        for name in args.configs:
+            CONFIGS[name] = {**CONFIGS[name], key: value}
     size = 10 if args.steps <= 100 else 20
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda n: run_config(n, args.steps, Path(tmp)), args.configs))
