@@ -78,6 +78,7 @@ def run_config(name: str, steps: int, tmp: Path) -> dict:
     return {"config": name, "overrides": CONFIGS[name],
             "entropy": [r["policy/entropy"] for r in records],
             "accuracy": [r["reward/accuracy/mean"] for r in records],
+            "clip_frac": [r.get("policy/clip_frac", 0.0) for r in records],
             "gec_injected": [r.get("advantages/gec_injected", 0) for r in records]}
 
 
