@@ -180,6 +180,7 @@ def restore(state: TrainState, ckpt: Checkpoint, cfg: Config) -> None:
         if not (ckpt.path / "reference.safetensors").is_file():
             raise CheckpointError(f"{ckpt.path.name}: no reference.safetensors, needed with algorithm.ref_update_steps")
         load_model(ref_module, str(ckpt.path / "reference.safetensors"))
+    state.optimizer.state.clear()         # the zeros build_optimizer made up front: not beside the loaded state
     state.optimizer.load_state_dict(ckpt.optim["optimizer"])
     if ckpt.optim.get("scheduler") is not None:
         state.scheduler.load_state_dict(ckpt.optim["scheduler"])

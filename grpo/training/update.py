@@ -38,9 +38,63 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int, 
                                   betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay, fused=fused or None)
 
+    allocate_adam_state(optimizer)
     factor = functools.partial(lr_factor, warmup_steps=cfg.warmup_steps, total_steps=total_steps,
                                kind=cfg.lr_scheduler)                    # grpo.algorithms.schedule
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
+    """Create an Adam / AdamW optimizer's state now, as its first ``step()`` would (every entry zero: moments
+    and step count), instead of lazily inside the first update. Returns the parameters given a state.
+
+    Lazily, the moments (2x the trainable weights) are made inside the first update, after its activations were
+    freed, and take the heap room the next step's activations and gradients then find gone. Measured on a 75.7M
+    model (bench/grid.py's vocab256 point, 2 threads, `grpo train`, ~12 runs each way): the second update's page
+    faults fell from 46-62 k to 16-35 k and steps 2-3 were ~4 % faster on average, within this host's run-to-run
+    noise; the peak RSS did not move beyond its own noise (1930-2240 MiB either way).
+
+    The state's layout (which keys, their dtypes and devices: fused, capturable, amsgrad) is read from the same
+    optimizer class stepped once on a one-element probe with the group's options, so it is the optimizer's own.
+    Other optimizers, parameters that already have a state (grpo.state.resume clears these zeros before loading a
+    checkpoint's), and tensor subclasses (FSDP2's DTensor shards) are left to the lazy path.
+    """
+    if not isinstance(optimizer, torch.optim.Adam):              # AdamW is an Adam; other classes' state is not all 0
+        return 0
+    made = 0
+    for group in optimizer.param_groups:
+        options = {k: v for k, v in group.items() if k != "params"}
+        layouts: dict = {}                                       # (dtype, device) -> {key: (dtype, device, 0-d)}
+        for p in group["params"]:
+            if optimizer.state.get(p) or type(p.data) is not torch.Tensor:
+                continue
+            key = (p.dtype, p.device)
+            if key not in layouts:
+                layouts[key] = _probe_layout(type(optimizer), options, p)
+            layout = layouts[key]
+            if layout is None:
+                continue
+            optimizer.state[p] = {name: torch.zeros((), dtype=dtype, device=device) if scalar
+                                  else torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                                  for name, (dtype, device, scalar) in layout.items()}
+            made += 1
+    return made
+
+
+def _probe_layout(cls: type, options: dict, like: torch.Tensor) -> dict | None:
+    """The state entries `cls` makes for a parameter like `like` under the group `options`: name -> (dtype,
+    device, whether 0-d), from one step of a one-element probe with a zero gradient; None when an entry is not a
+    tensor of the probe's shape or 0-d (then the layout is not one this function can reproduce)."""
+    probe = torch.zeros(1, dtype=like.dtype, device=like.device, requires_grad=True)
+    probe.grad = torch.zeros_like(probe)
+    optimizer = cls([{**options, "params": [probe]}])
+    optimizer.step()
+    layout = {}
+    for name, value in optimizer.state[probe].items():
+        if not isinstance(value, torch.Tensor) or value.shape not in (torch.Size([]), probe.shape):
+            return None
+        layout[name] = (value.dtype, value.device, value.dim() == 0)
+    return layout
 
 
 def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:

@@ -411,3 +411,45 @@ def test_the_loss_statistics_are_read_once_per_update_not_per_micro_batch():
     assert reads[0] == reads[1] <= 1, reads                      # at most the gradient norm's
     for field in ("loss", "policy_loss", "kl_loss", "kl", "clip_fraction", "entropy", "entropy_loss"):
         assert getattr(results[1], field) == pytest.approx(getattr(results[0], field), rel=1e-5, abs=1e-7), field
+
+
+@pytest.mark.parametrize("options", [dict(fused=True), dict(fused=False, foreach=False), dict(amsgrad=True)])
+def test_adam_state_made_up_front_is_the_lazy_state_and_trains_identically(options):
+    from grpo.training.update import allocate_adam_state
+
+    torch.manual_seed(0)
+    weights = [torch.randn(3, 4), torch.randn(5)]
+    lazy_params = [w.clone().requires_grad_() for w in weights]
+    eager_params = [w.clone().requires_grad_() for w in weights]
+    lazy = torch.optim.AdamW(lazy_params, lr=0.1, weight_decay=0.01, **options)
+    eager = torch.optim.AdamW(eager_params, lr=0.1, weight_decay=0.01, **options)
+    assert allocate_adam_state(eager) == 2 and allocate_adam_state(eager) == 0     # made once
+    for p in eager_params:                                    # zeros in the optimizer's own layout, before any step
+        assert all(float(v.abs().sum()) == 0 for v in eager.state[p].values())
+        assert eager.state[p]["exp_avg"].shape == p.shape and eager.state[p]["step"].dim() == 0
+    for step in range(3):
+        grads = [torch.randn_like(w) for w in weights]
+        for params, opt in ((lazy_params, lazy), (eager_params, eager)):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step()
+    for a, b in zip(lazy_params, eager_params):
+        assert torch.equal(a, b)
+        sa, sb = lazy.state[a], eager.state[b]
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            assert (sa[k].dtype, sa[k].device, sa[k].shape) == (sb[k].dtype, sb[k].device, sb[k].shape)
+            assert torch.equal(sa[k], sb[k])
+    assert torch.equal(lazy.state_dict()["state"][0]["step"], eager.state_dict()["state"][0]["step"])
+
+
+def test_build_optimizer_makes_the_adam_state_but_leaves_other_optimizers_alone():
+    from grpo.training.update import allocate_adam_state
+
+    model = tiny_qwen2()
+    opt, _ = build_optimizer(model, OptimConfig(lr=1e-2), 1)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len(opt.state) == len(trainable)
+    assert all(opt.state[p]["exp_avg_sq"].shape == p.shape for p in trainable)
+    sgd = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1, momentum=0.9)
+    assert allocate_adam_state(sgd) == 0 and len(sgd.state) == 0
