@@ -212,7 +212,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         health = HealthMonitor(cfg, out, first, enabled=world.is_main)   # reads back a resumed run's history
         world.barrier()
         checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
-        plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows))   # train.memory_budget_gib; may refuse
+        plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows), state.optimizer)   # may refuse
         if world.is_main:
             print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
         budget = plan.logprob_tokens                           # tokens per no-grad pass (reference, old policy)

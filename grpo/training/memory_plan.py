@@ -15,7 +15,8 @@ with the square of the length: attention runs in torch's fused kernels, the LM h
 
 with M the padded tokens of the largest micro-batch (rows x the longest row, at least one whole row), M' the
 same for the no-grad passes (M unless `train.logprob_micro_batch_tokens` says otherwise, :func:`no_grad_budget`),
-"moments" AdamW's two float32 moments (allocated at the first step, so counted even when not yet in use) and
+"moments" AdamW's two float32 moments (counted here, and taken out of `in_use` by the runtime when the optimizer
+already holds them: grpo.training.update.allocate_adam_state makes them before the first step) and
 "gradients" the trainable parameters' gradients, which live only in the update: the loop frees them after each
 optimizer step (grpo.training.loop.update); "slack" what the process gains after its first step beyond
 those terms (:func:`runtime_allowance`, measured). Stored activations per token, in values of the compute dtype (measured on Qwen2 shapes, see

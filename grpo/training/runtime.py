@@ -117,9 +117,10 @@ class CpuRuntime:
         available to the process (the smaller of /proc/meminfo's MemAvailable and the cgroup's room)."""
         return configured_budget(self.cfg) or self.memory_in_use() + int(SAFE_SHARE * available_host_memory())
 
-    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int):
-        """The update's micro-batch tokens, checkpointing and LM-head chunk for the budget (grpo.training.memory_plan)."""
-        return plan_for(self, model, prompt_tokens)
+    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
+        """The update's micro-batch tokens, checkpointing and LM-head chunk for the budget (grpo.training.memory_plan);
+        `optimizer`: its state already in memory is not counted twice."""
+        return plan_for(self, model, prompt_tokens, optimizer)
 
     def ref_offload(self, model: torch.nn.Module) -> str:
         """`train.ref_offload` for this run; auto = disk for a full reference copy of >= REF_OFFLOAD_MIN_BYTES."""
@@ -164,8 +165,8 @@ class CudaRuntime:
         """`train.memory_budget_gib`, or 0 = auto: allocated plus SAFE_SHARE of torch.cuda.mem_get_info's free memory."""
         return configured_budget(self.cfg) or self.memory_in_use() + int(SAFE_SHARE * torch.cuda.mem_get_info(self.device)[0])
 
-    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int):
-        return plan_for(self, model, prompt_tokens)
+    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
+        return plan_for(self, model, prompt_tokens, optimizer)
 
     def ref_offload(self, model: torch.nn.Module) -> str:
         """`train.ref_offload` for this run; auto = none (the reference stays on the device)."""
@@ -300,18 +301,22 @@ def step_shape(cfg: Config, prompt_tokens: int):
                      prompt_tokens=prompt_tokens, new_tokens=cfg.rollout.max_new_tokens)
 
 
-def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int):
+def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
     """The memory plan of `runtime`'s run (grpo.training.memory_plan.plan_memory) for prompts of up to
-    `prompt_tokens` tokens: the configured settings, what is in use now and the budget."""
+    `prompt_tokens` tokens: the configured settings, what is in use now and the budget. The planner counts AdamW's
+    moments itself, so `optimizer`'s state already in memory (made up front, or a resumed run's) is taken out of
+    what is in use."""
     from grpo.modeling.precision import autocast_dtype, rollout_precision
     from grpo.training.memory_plan import plan_memory
+    from grpo.training.update import state_bytes
 
     cfg = runtime.cfg
     lowp = autocast_dtype(cfg.train.precision)
     rollout = rollout_precision(cfg.rollout.precision, cfg.train.precision)
     rollout_dtype = (autocast_dtype(rollout) or torch.float32) if rollout != cfg.train.precision else None
     shape = model_shape(model, 2 if lowp is not None else 4, lowp, runtime.ref_offload(model) != "none", rollout_dtype)
-    return plan_memory(shape, step_shape(cfg, prompt_tokens), in_use=runtime.memory_in_use(),
+    in_use = runtime.memory_in_use() - state_bytes(optimizer, runtime.device)
+    return plan_memory(shape, step_shape(cfg, prompt_tokens), in_use=in_use,
                        budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                        gradient_checkpointing=cfg.train.gradient_checkpointing,

@@ -81,6 +81,15 @@ def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
     return made
 
 
+def state_bytes(optimizer: torch.optim.Optimizer | None, device: torch.device) -> int:
+    """Bytes of the optimizer's state tensors on `device` (the moments made up front or loaded from a checkpoint):
+    what the memory planner takes out of the measured memory in use, since it counts the moments itself."""
+    if optimizer is None:
+        return 0
+    return sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
+               if isinstance(v, torch.Tensor) and v.device.type == device.type)
+
+
 def _probe_layout(cls: type, options: dict, like: torch.Tensor) -> dict | None:
     """The state entries `cls` makes for a parameter like `like` under the group `options`: name -> (dtype,
     device, whether 0-d), from one step of a one-element probe with a zero gradient; None when an entry is not a

@@ -193,7 +193,7 @@ def test_a_checkpointed_plan_trains_on_a_meta_default_device(tmp_path, monkeypat
 
     plans, real = [], CpuRuntime.memory_plan
 
-    def tight(self, model, prompt_tokens):             # budget = the checkpointed one-row estimate exactly
+    def tight(self, model, prompt_tokens, optimizer=None):   # budget = the checkpointed one-row estimate exactly
         shape, step = model_shape(model, 4), step_shape(self.cfg, prompt_tokens)
         row = prompt_tokens + step.new_tokens
         on = max(phase_bytes(shape, step, 0, row, True, default_chunk(shape.vocab)).values())
@@ -292,3 +292,23 @@ def test_no_grad_passes_take_at_least_no_grad_tokens_unless_configured():
     with pytest.raises(MemoryBudgetError):   # the no-grad budget counts against train.memory_budget_gib too
         plan_memory(M, S, in_use=IN_USE, budget=dict(plan.phases)["update"] + 1, auto_tokens=32, logprob_chunk_size=64,
                     gradient_checkpointing=False, micro_batch_tokens=32, logprob_micro_batch_tokens=128)
+
+
+def test_the_optimizers_state_in_memory_is_not_counted_twice(monkeypatch):
+    from grpo.training.update import state_bytes
+
+    model = tiny_qwen2()
+    cfg = build_config(overrides={"rollout.max_new_tokens": 16, "rollout.num_generations": 2,
+                                  "train.prompts_per_step": 2, "train.memory_budget_gib": 8})
+    opt, _ = build_optimizer(model, cfg.optim, 1)                 # the moments are made here (allocate_adam_state)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    held = state_bytes(opt, torch.device("cpu"))
+    assert held == 2 * weights + sum(st["step"].element_size() for st in opt.state.values())   # 2 moments + a step
+    assert state_bytes(opt, torch.device("meta")) == 0 and state_bytes(None, torch.device("cpu")) == 0
+    runtime = CpuRuntime(torch.device("cpu"), cfg)
+    measured = 500 * 2 ** 20
+    monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: measured)
+    before = runtime.memory_plan(model, 6)                       # the planner adds the moments to what is in use
+    monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: measured + held)   # ... which now holds them
+    after = runtime.memory_plan(model, 6, opt)
+    assert after.estimate_bytes == before.estimate_bytes and after.phases == before.phases
