@@ -333,10 +333,11 @@ def cast_dtype(model: torch.nn.Module, dtype_name: str) -> None:
 
 def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[torch.nn.Module, Any]:
     """The policy (dtype, LoRA, attention kernel and `train.lean_layers` applied; placed by `runtime`) and its tokenizer."""
-    from grpo.modeling.lean_layers import use_lean_layers
+    from grpo.modeling.lean_layers import resolve_lean_layers, use_lean_layers
     from grpo.modeling.lora import apply_lora, is_lora
     from grpo.modeling.models import (EMBEDDED_MODEL_DIR, align_special_tokens, disable_dropout, load_policy,
                                       resolve_dtype)
+    from grpo.training.distributed import env_world_size
     from grpo.training.runtime import attn_implementation, set_attn_implementation
 
     mc = cfg.model
@@ -367,6 +368,7 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[tor
         model = apply_lora(model, cfg.lora)
     if cfg.train.disable_dropout:
         disable_dropout(model)
-    use_lean_layers(model, cfg.train.lean_layers)
-    return runtime.place(model), tokenizer
+    model = runtime.place(model)                               # model.cpu_matmul: which linears run through oneDNN
+    use_lean_layers(model, resolve_lean_layers(cfg.train.lean_layers, model, env_world_size()))
+    return model, tokenizer
 

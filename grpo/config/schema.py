@@ -207,10 +207,13 @@ class TrainConfig:
     disable_dropout: bool = _f(True, "Set the policy's dropout to 0 (nn.Dropout modules and attention_dropout; TRL's "
                                "disable_dropout, off by default there): the update's log-probs then match the "
                                "rollout's, the reference's and the old policy's. lora.dropout is kept.")
-    lean_layers: bool = _f(False, "RMSNorm and SwiGLU MLP layers that keep 38% fewer activations for the backward "
-                           "pass and recompute the rest (grpo/modeling/lean_layers.py); same values. Worth it for long "
-                           "completions or a tight memory budget: speed-neutral on a 100M model, 22% slower updates "
-                           "on the 0.8M demo model.")
+    lean_layers: bool | None = _f(None, "RMSNorm and SwiGLU MLP layers that keep 38% fewer activations for the "
+                                  "backward pass and recompute the rest (grpo/modeling/lean_layers.py); same values: "
+                                  "true | false | empty = auto (on in one process when the MLPs' products run through "
+                                  "oneDNN, model.cpu_matmul: there the update measured 5-7% faster on 100M-300M "
+                                  "models; off elsewhere: speed-neutral with MKL's products, 2-4% slower on models "
+                                  "under 512 wide, 22% slower updates on the 0.8M demo model). Worth turning on for "
+                                  "long completions or a tight memory budget.")
     grad_in_place: bool = _f(True, "CPU, one process: each linear layer's weight gradient is accumulated into .grad by "
                              "one in-place GEMM per micro-batch instead of a new tensor plus an add (same values; "
                              "grpo/modeling/grad_in_place.py GradIntoLinear). Off under torchrun (DDP / FSDP reduce "

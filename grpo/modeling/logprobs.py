@@ -309,7 +309,9 @@ def bucketed_micro_batches(attention_mask: torch.Tensor, size: int, max_tokens: 
 
     Rows are taken shortest first (:func:`length_order`); a micro-batch closes when it holds `size`
     rows or when one more row would make rows x (its longest row's real tokens) exceed `max_tokens`
-    (every micro-batch holds at least one row). `size` = 0 and `max_tokens` <= 0: one slice.
+    (every micro-batch holds at least one row). `size` = 0 and `max_tokens` <= 0: one slice. The same
+    number of micro-batches is then evened out when every even one stays within both limits (:func:`even_split`):
+    16 rows of 75 tokens at 401 tokens are 4 x 4 rows, not 5 + 5 + 5 + 1 (a one-row product wastes the GEMMs).
 
     Shape: attention_mask [N, L] -> list of [n] long row indices (or a single slice)
     """
@@ -325,4 +327,19 @@ def bucketed_micro_batches(attention_mask: torch.Tensor, size: int, max_tokens: 
         if i == n or full:
             groups.append(order[start:i])
             start = i
-    return groups
+    even = even_split(lengths, len(groups), size, max_tokens)
+    return groups if even is None else [order[a:b] for a, b in even]
+
+
+def even_split(lengths: list[int], count: int, size: int, max_tokens: int) -> list[tuple[int, int]] | None:
+    """`count` contiguous groups of the ascending `lengths` whose row counts differ by at most one (the larger groups
+    first, where the rows are shorter), as (start, end) pairs; None when one of them would hold more than `size`
+    rows or more than `max_tokens` padded tokens (rows x its longest row; `max_tokens` <= 0: no limit)."""
+    n, bounds, start = len(lengths), [], 0
+    for g in range(count):
+        end = start + n // count + (g < n % count)
+        if end - start > size or (max_tokens > 0 and (end - start) * lengths[end - 1] > max_tokens):
+            return None
+        bounds.append((start, end))
+        start = end
+    return bounds

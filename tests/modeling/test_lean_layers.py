@@ -145,3 +145,41 @@ def test_deepcopy_binds_the_lean_forward_to_the_copy():
     ref = copy.deepcopy(model)
     assert ref.model.layers[0].mlp.forward.__self__ is ref.model.layers[0].mlp
     assert lean_mlps(ref) == 2
+
+
+@pytest.mark.skipif(not onednn_works(), reason="no oneDNN in this torch build")
+def test_auto_turns_lean_layers_on_only_where_the_mlps_run_through_onednn():
+    from grpo.modeling.lean_layers import onednn_mlps, resolve_lean_layers
+
+    model = tiny_qwen2().float()
+    assert not onednn_mlps(model)
+    assert resolve_lean_layers(None, model) is False                        # aten products: off
+    assert resolve_lean_layers(True, model) is True and resolve_lean_layers(False, model) is False
+    use_cpu_matmul(model, "onednn")                                         # every linear a DnnLinear
+    assert onednn_mlps(model)
+    assert resolve_lean_layers(None, model) is True                         # auto: on in one process
+    assert resolve_lean_layers(None, model, world_size=2) is False          # torchrun: off
+    assert resolve_lean_layers(False, model) is False                       # an explicit false wins
+
+
+def test_train_resolves_lean_layers_after_placing_the_model(monkeypatch):
+    """resolve_model decides `train.lean_layers` auto once model.cpu_matmul has switched the linears."""
+    from grpo.api.inputs import resolve_model
+    from grpo.config import build_config
+    from grpo.training.runtime import build_runtime
+
+    seen = {}
+    import grpo.modeling.lean_layers as lean
+
+    real = lean.resolve_lean_layers
+
+    def spy(setting, model, world_size=1):
+        seen["linears"] = {type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        return real(setting, model, world_size)
+
+    monkeypatch.setattr(lean, "resolve_lean_layers", spy)
+    cfg = build_config(overrides={"model.cpu_matmul": "onednn" if onednn_works() else "aten"})
+    model, _ = resolve_model(None, None, cfg, build_runtime(cfg))          # the embedded model
+    expected = "DnnLinear" if onednn_works() else "GradIntoLinear"
+    assert expected in seen["linears"]
+    assert (lean_mlps(model) > 0) == onednn_works()

@@ -317,7 +317,24 @@ def test_token_budget_closes_micro_batches():
     assert groups == [[1, 4], [0, 2], [5, 3]]
     assert [b.tolist() for b in bucketed_micro_batches(mask, 0, max_tokens=1)] == [[1], [4], [0], [2], [5], [3]]
     assert bucketed_micro_batches(mask, 0, max_tokens=54) == [slice(0, 6)]   # 6 x 9 fits
-    assert [b.tolist() for b in bucketed_micro_batches(mask, 4, max_tokens=53)] == [[1, 4, 0, 2], [5, 3]]
+    # greedily 4 + 2 rows (4 x 7 = 28, then 2 x 9); the same 2 micro-batches evened out: 3 x 7 = 21 and 3 x 9 = 27
+    assert [b.tolist() for b in bucketed_micro_batches(mask, 4, max_tokens=53)] == [[1, 4, 0], [2, 5, 3]]
+
+
+def test_micro_batches_are_evened_out_only_within_the_limits():
+    from grpo.modeling.logprobs import bucketed_micro_batches, even_split
+
+    mask = torch.ones(16, 75, dtype=torch.long)                  # the grid's rows: 16 x (11 + 64) tokens
+    assert [len(b) for b in bucketed_micro_batches(mask, 0, max_tokens=401)] == [4, 4, 4, 4]   # not 5 + 5 + 5 + 1
+    assert [len(b) for b in bucketed_micro_batches(mask, 0, max_tokens=256)] == [3, 3, 3, 3, 2, 2]   # 6 either way
+    assert even_split([1, 1, 1, 1, 1, 10], 2, 6, 12) is None      # 3 x 10 > 12: the greedy groups stay
+    assert even_split([1, 1, 1, 1, 1, 10], 2, 2, 0) is None       # 3 rows > size 2
+    assert even_split([2, 3, 4, 5, 6], 2, 0 or 5, 0) == [(0, 3), (3, 5)]   # larger groups first, on the shorter rows
+    lengths = torch.tensor([3, 9, 4, 9, 2, 9, 9])                 # greedy at 18 tokens: [2, 3, 4] [9, 9] [9, 9]
+    ragged = (torch.arange(9)[None, :] < lengths[:, None]).long()
+    groups = bucketed_micro_batches(ragged, 0, max_tokens=18)
+    assert sorted(i for g in groups for i in g.tolist()) == list(range(7))
+    assert all(len(g) * int(lengths[g].max()) <= 18 for g in groups)
 
 
 def test_token_budget_update_equals_full_batch():
@@ -353,9 +370,9 @@ def test_planner_counts_lean_layers_only_where_they_run():
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=768, num_hidden_layers=12,
                                              num_attention_heads=12, num_key_value_heads=4, intermediate_size=2048))
-    assert not model_shape(model, 4).lean_layers
+    assert not model_shape(model, 4).lean_layers and auto_micro_batch_tokens(model) == 256
     use_lean_layers(model)
-    assert auto_micro_batch_tokens(model) == 256                            # the floor does not move
+    assert auto_micro_batch_tokens(model) == 401    # the stored activations of 256 stock tokens: 256 x 14848 / 9472
     assert model_shape(model, 4).lean_layers and not model_shape(model, 2).lean_layers   # bf16 autocast: stock path
 
 
