@@ -170,10 +170,16 @@ def rollout_value_bytes(m: ModelShape) -> int:
     return m.rollout_bytes or m.act_bytes
 
 
+def layer_values(hidden: int, intermediate: int, lean: bool) -> float:
+    """Activation values one layer keeps per token for the backward pass: a H + b I (:data:`LAYER_VALUES`, or
+    :data:`LEAN_LAYER_VALUES` with `train.lean_layers`)."""
+    a, b = LEAN_LAYER_VALUES if lean else LAYER_VALUES
+    return a * hidden + b * intermediate
+
+
 def stored_values_per_token(m: ModelShape, checkpointing: bool) -> float:
     """Activation values kept per token for the backward pass (see the module docstring)."""
-    a, b = LEAN_LAYER_VALUES if m.lean_layers else LAYER_VALUES
-    layer = a * m.hidden + b * m.intermediate
+    layer = layer_values(m.hidden, m.intermediate, m.lean_layers)
     kept = m.layers * m.hidden + layer if checkpointing else m.layers * layer
     return kept + EXTRA_VALUES_PER_HIDDEN * m.hidden
 

@@ -152,14 +152,12 @@ def token_floor(model: torch.nn.Module, config) -> int:
     micro-batches made qwen2-100m's update slower (8.5-8.9 s against 7.7-7.8 s), and larger ones cost peak memory
     that grid points such as vocab256 do not have (docs/performance.md)."""
     from grpo.modeling.lean_layers import lean_mlps
-    from grpo.training.memory_plan import LAYER_VALUES, LEAN_LAYER_VALUES
+    from grpo.training.memory_plan import layer_values
 
     hidden, inter = getattr(config, "hidden_size", 0), getattr(config, "intermediate_size", 0)
     if not (hidden and inter and lean_mlps(model)):
         return 256
-    stock = LAYER_VALUES[0] * hidden + LAYER_VALUES[1] * inter
-    lean = LEAN_LAYER_VALUES[0] * hidden + LEAN_LAYER_VALUES[1] * inter
-    return int(256 * stock / lean)
+    return int(256 * layer_values(hidden, inter, False) / layer_values(hidden, inter, True))
 
 
 def micro_batch_tokens(tokens: int, model: torch.nn.Module) -> int:
