@@ -342,3 +342,16 @@ def set_mmap_threshold(megabytes: float) -> bool:
         return bool(libc.mallopt(-3, int(megabytes * 2 ** 20)))           # M_MMAP_THRESHOLD = -3
     except (OSError, AttributeError):
         return False
+
+
+def release_free_heap() -> bool:
+    """glibc only: give the pages of the heap's free chunks back to the OS (``malloc_trim(0)``), so memory that
+    freed tensors left as holes inside the heap stops counting in the resident set (`train.malloc_trim`). The next
+    allocations there fault fresh zero pages in again. Returns False on a non-glibc libc (nothing done)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):
+        return False

@@ -126,6 +126,13 @@ class CpuRuntime:
         """`train.ref_offload` for this run; auto = disk for a full reference copy of >= REF_OFFLOAD_MIN_BYTES."""
         return resolve_ref_offload(self.cfg, model, "disk")
 
+    def release_memory(self) -> None:
+        """`train.malloc_trim`: the heap's free pages back to the OS (glibc), called between the step's phases."""
+        from grpo.modeling.cpu_kernels import release_free_heap
+
+        if self.cfg.train.malloc_trim:
+            release_free_heap()
+
     def reset_memory_stats(self) -> None:
         pass
 
@@ -171,6 +178,9 @@ class CudaRuntime:
     def ref_offload(self, model: torch.nn.Module) -> str:
         """`train.ref_offload` for this run; auto = none (the reference stays on the device)."""
         return resolve_ref_offload(self.cfg, model, "none")
+
+    def release_memory(self) -> None:
+        """Nothing: the caching allocator keeps device memory for reuse, and the host's heap is not the limit."""
 
     def reset_memory_stats(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)

@@ -297,6 +297,13 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
 
     monkeypatch.setattr(experience, "sample", sample)
     monkeypatch.setattr(trainer_module, "policy_update", update)
+    import grpo.modeling.cpu_kernels as kernels                 # train.malloc_trim: after each rollout and update
+
+    def trim():
+        seen["in_update"].append("trim")
+        return True
+
+    monkeypatch.setattr(kernels, "release_free_heap", trim)
     events = []
     from grpo import events as ev
     listener = lambda point, step: point == "update" and events.append(step)
@@ -306,7 +313,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     finally:
         ev.remove_listener(listener)
     n = sum(1 for p in result.model.parameters() if p.requires_grad)
-    assert seen["in_update"] == [n, n, n]              # the update made every gradient (and the step used them)
+    assert seen["in_update"] == ["trim", n, "trim"] * 3   # the update made every gradient (and the step used them)
     assert seen["sample"] == [0, 0, 0]                 # the rollouts after it saw none
     assert events == [1, 2, 3] and all(p.grad is None for p in result.model.parameters())
 

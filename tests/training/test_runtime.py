@@ -32,6 +32,20 @@ def test_cuda_without_cuda_and_bad_names_are_config_errors():
         build_config(overrides={"model.device": "gpu"})
 
 
+@pytest.mark.parametrize("setting", [True, False])
+def test_cpu_runtime_trims_the_heap_between_phases_as_set_and_cuda_never(monkeypatch, setting):
+    import grpo.modeling.cpu_kernels as kernels
+
+    calls = []
+    monkeypatch.setattr(kernels, "release_free_heap", lambda: calls.append("trim") or True)
+    cfg = build_config(overrides={"train.malloc_trim": setting})
+    CpuRuntime(torch.device("cpu"), cfg).release_memory()
+    assert calls == (["trim"] if setting else [])
+    CudaRuntime(torch.device("cuda", 0), cfg).release_memory()      # no GPU call, no host trim
+    assert calls == (["trim"] if setting else [])
+    assert build_config().train.malloc_trim is True                  # on by default
+
+
 def test_this_machine_builds_the_cpu_runtime():
     runtime = build_runtime(build_config())
     assert isinstance(runtime, CpuRuntime) and runtime.device == torch.device("cpu")
