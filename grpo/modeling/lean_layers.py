@@ -86,7 +86,7 @@ class SwiGLUFn(torch.autograd.Function):
         ctx.save_for_backward(x, g, u, wg, wu, wd)
         ctx.onednn, ctx.into = onednn, into
         ctx.params = (wg, wu, wd) if into else None  # the leaves themselves: saved tensors may come back as aliases
-        return _gemm(onednn, F.silu(g) * u, wd)                                  # [M, H]
+        return _gemm(onednn, F.silu(g).mul_(u), wd)                              # [M, H]
 
     @staticmethod
     def _weight_grad(ctx, i: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
@@ -111,9 +111,11 @@ class SwiGLUFn(torch.autograd.Function):
         ga = _gemm(mm, gy, wd.t())                                               # [M, I] = gy Wd
         gwd = SwiGLUFn._weight_grad(ctx, 3, gy, gs * u)                          # [H, I] = gy^T a
         du = ga * gs
-        dg = ga.mul_(u).mul_(s.mul_(1 + g * (1 - s)))                            # in place: ga, s are spent
+        ds = torch.addcmul(gs, s, gs, value=-1).add_(s)          # silu'(g) = s (1 + g (1 - s)) = gs - s gs + s
         del gs, s
-        gx = _gemm(mm, dg, wg.t()) + _gemm(mm, du, wu.t()) if ctx.needs_input_grad[0] else None   # [M, H]
+        dg = ga.mul_(u).mul_(ds)                                                 # in place: ga is spent
+        del ds
+        gx = _gemm(mm, dg, wg.t()).add_(_gemm(mm, du, wu.t())) if ctx.needs_input_grad[0] else None   # [M, H]
         gwg = SwiGLUFn._weight_grad(ctx, 1, dg, x)                               # [I, H] = dg^T x
         gwu = SwiGLUFn._weight_grad(ctx, 2, du, x)                               # [I, H] = du^T x
         return gx, gwg, gwu, gwd, None, None
