@@ -223,7 +223,8 @@ class TrainConfig:
                              "one in-place GEMM per micro-batch instead of a new tensor plus an add (same values; "
                              "grpo/modeling/grad_in_place.py GradIntoLinear). Off under torchrun (DDP / FSDP reduce "
                              "gradients from hooks this skips) and on CUDA. oneDNN-switched linears (model.cpu_matmul) add "
-                             "their weight gradients into .grad in row blocks (float32), or their bf16 weight "
+                             "their weight gradients into .grad in row blocks (float32; the lean SwiGLU MLP, "
+                             "train.lean_layers, adds each whole product), or their bf16 weight "
                              "gradients into the float32 .grad (train.precision bf16).")
     ref_offload: str = _f("auto", "Where the frozen reference policy's weights (beta > 0, full fine-tuning) stay "
                           "between reference passes: none (in memory with the policy) | disk (an unnamed temporary "

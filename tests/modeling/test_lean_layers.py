@@ -80,6 +80,35 @@ def test_switched_model_trains_like_the_stock_one(matmul):
     assert not any("forward" in vars(m) for m in lean.modules())
 
 
+@pytest.mark.parametrize("in_place", [True, False])
+def test_onednn_mlp_weight_gradients_go_into_grad_in_place_over_micro_batches(in_place, monkeypatch):
+    """train.grad_in_place with oneDNN projections: the lean MLP's weight gradients become / are added to .grad
+    directly (autograd receives None for them), over two accumulated micro-batches, equal to the stock model's."""
+    if not onednn_works():
+        pytest.skip("oneDNN matmul not available")
+    stock = tiny_qwen2().train()
+    lean = copy.deepcopy(stock)
+    use_lean_layers(lean)
+    use_cpu_matmul(stock, "onednn"), use_cpu_matmul(lean, "onednn", grad_in_place=in_place)
+    returned = []
+    backward = SwiGLUFn.backward
+
+    def spy(ctx, gy):
+        out = backward(ctx, gy)
+        returned.append([g is None for g in out[1:4]])                  # the three weight gradients to autograd
+        return out
+
+    monkeypatch.setattr(SwiGLUFn, "backward", staticmethod(spy))
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(2, 32, (3, 10), generator=gen), torch.randint(2, 32, (2, 7), generator=gen)]
+    for model in (stock, lean):
+        for ids in batches:                                   # two micro-batches: made, then added to
+            model(input_ids=ids).logits.float().square().mean().backward()
+    for (name, p), q in zip(stock.named_parameters(), lean.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert returned == [[in_place] * 3] * 4                   # 2 layers x 2 micro-batches
+
+
 def saved_bytes(model, ids) -> int:
     """Bytes of the distinct non-parameter tensors autograd saves for the backward pass of one forward."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
