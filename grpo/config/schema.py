@@ -184,9 +184,10 @@ class TrainConfig:
                                   "heap that fragments.")
     malloc_trim: bool = _f(True, "CPU runtime, glibc: give the heap's free pages back to the OS after the rollout and "
                            "after the update (malloc_trim), so tensors freed by one phase do not stay resident as holes "
-                           "under the next one. On a 75.7M model at vocab 256 (bench/grid.py's vocab256 point, 3 steps) "
-                           "it lowered the peak RSS by 10-100 MiB and steadied it, for steps ~4 % slower (the "
-                           "trimmed pages are faulted in again; docs/performance.md). Ignored on CUDA.")
+                           "under the next one. Measured on an AMD EPYC Zen 5 (bench/grid.py shapes, 3 steps, 4 rounds): peak "
+                           "RSS 17-121 MiB lower and steady on 75.7M-100.7M models; steps 7.6 % slower at 75.7M "
+                           "(the trimmed pages are faulted in again), the same speed at 100.7M (docs/performance.md). "
+                           "Ignored on CUDA.")
     micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
                                  "2**20 / (hidden_size x num_layers), at least 256 (~150 MiB of activations); "
