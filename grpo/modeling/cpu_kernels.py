@@ -332,26 +332,32 @@ def set_mmap_threshold(megabytes: float) -> bool:
     5-20 % faster without it (fresh pages are slow to fault in on a VM), so 0 became the default. 0, a non-glibc libc, or a user-set MALLOC_MMAP_THRESHOLD_ leave the
     allocator alone. Returns True when the threshold was set.
     """
-    import ctypes
     import os
 
     if megabytes <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, int(megabytes * 2 ** 20)))           # M_MMAP_THRESHOLD = -3
-    except (OSError, AttributeError):
-        return False
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(-3, int(megabytes * 2 ** 20)))   # M_MMAP_THRESHOLD = -3
 
 
 def release_free_heap() -> bool:
     """glibc only: give the pages of the heap's free chunks back to the OS (``malloc_trim(0)``), so memory that
     freed tensors left as holes inside the heap stops counting in the resident set (`train.malloc_trim`). The next
     allocations there fault fresh zero pages in again. Returns False on a non-glibc libc (nothing done)."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _glibc():
+    """The process's glibc (ctypes), or None on another libc: the allocator calls above."""
     import ctypes
 
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        return True
-    except (OSError, AttributeError):
-        return False
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
