@@ -182,12 +182,13 @@ class TrainConfig:
                                   "same peak RSS (-76 to +55 MiB; +281 MiB at 1024 new tokens), the same from step 4 "
                                   "on at 100M (docs/performance.md). 1 or 0.25 (256 KiB) fix the threshold, for a "
                                   "heap that fragments.")
-    malloc_trim: bool = _f(True, "CPU runtime, glibc: give the heap's free pages back to the OS after the rollout and "
-                           "after the update (malloc_trim), so tensors freed by one phase do not stay resident as holes "
-                           "under the next one. Measured on an AMD EPYC Zen 5 (bench/grid.py shapes, 3 steps, 4 rounds): peak "
-                           "RSS 17-121 MiB lower and steady on 75.7M-100.7M models; steps 7.6 % slower at 75.7M "
-                           "(the trimmed pages are faulted in again), the same speed at 100.7M (docs/performance.md). "
-                           "Ignored on CUDA.")
+    malloc_trim: bool = _f(True, "CPU runtime, glibc: give the heap's free pages back to the OS once per step, after the "
+                           "rollout and reference pass and before the update (malloc_trim), so the tensors the rollout "
+                           "freed (packed weights, KV cache) do not stay resident as holes under the update's peak. "
+                           "Measured on an AMD EPYC Zen 5 (bench/grid.py shapes, 4 steps, 3 rounds): peak RSS 25-75 MiB "
+                           "lower than without it on 75.7M-100.7M models; steps the same at 100.7M, 6-11 % slower at 75.7M (the "
+                           "trimmed pages are faulted in again). A second trim after the update lowered the peak no "
+                           "further and cost 1-8 % (docs/performance.md). Ignored on CUDA.")
     micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
                                  "2**20 / (hidden_size x num_layers), at least 256 (~150 MiB of activations); "

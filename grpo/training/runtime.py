@@ -127,7 +127,8 @@ class CpuRuntime:
         return resolve_ref_offload(self.cfg, model, "disk")
 
     def release_memory(self) -> None:
-        """`train.malloc_trim`: the heap's free pages back to the OS (glibc), called between the step's phases."""
+        """`train.malloc_trim`: the heap's free pages back to the OS (glibc); the loop calls it once per step, between
+        the experience (rollout, reference pass) and the update."""
         from grpo.modeling.cpu_kernels import release_free_heap
 
         if self.cfg.train.malloc_trim:

@@ -288,6 +288,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
 
     def sample(model, *a, **k):
         seen["sample"].append(sum(p.grad is not None for p in model.parameters()))
+        seen["in_update"].append("sample")
         return real_sample(model, *a, **k)
 
     def update(model, *a, **k):
@@ -297,7 +298,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
 
     monkeypatch.setattr(experience, "sample", sample)
     monkeypatch.setattr(trainer_module, "policy_update", update)
-    import grpo.modeling.cpu_kernels as kernels                 # train.malloc_trim: after each rollout and update
+    import grpo.modeling.cpu_kernels as kernels                 # train.malloc_trim: once per step, before the update
 
     def trim():
         seen["in_update"].append("trim")
@@ -313,7 +314,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     finally:
         ev.remove_listener(listener)
     n = sum(1 for p in result.model.parameters() if p.requires_grad)
-    assert seen["in_update"] == ["trim", n, "trim"] * 3   # the update made every gradient (and the step used them)
+    assert seen["in_update"] == ["sample", "trim", n] * 3   # rollout, one trim, then the update made every gradient
     assert seen["sample"] == [0, 0, 0]                 # the rollouts after it saw none
     assert events == [1, 2, 3] and all(p.grad is None for p in result.model.parameters())
 
