@@ -104,8 +104,8 @@ def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torc
 
 class _DnnLinearFn(torch.autograd.Function):
     """y = x W^T + b with every GEMM (forward and both gradients) through oneDNN. With `into`
-    (`train.grad_in_place`, leaf parameters) dW and db are added into ``.grad`` in place (:func:`add_product_`,
-    zero-filled once per update) and autograd receives None for them, as grpo.modeling.grad_in_place's layers:
+    (`train.grad_in_place`, leaf parameters) dW and db go into ``.grad`` in place (the first micro-batch's dW
+    becomes ``.grad``, later ones are added by :func:`add_product_`) and autograd receives None for them, as grpo.modeling.grad_in_place's layers:
     autograd's dW is a new tensor of the weight's size per micro-batch, fresh pages from the kernel at
     `train.mmap_threshold_mb` 1, then one more pass to add it."""
 
@@ -132,11 +132,10 @@ class _DnnLinearFn(torch.autograd.Function):
             xp = pad_rows(x2, rows + pad)                                    # [M', K]
             if ctx.into is None:
                 gw = _dnn(gp.t(), xp.t())                                    # [N, K] = dY^T X
+            elif ctx.into[0].grad is None:                                  # the first micro-batch's product is
+                ctx.into[0].grad = _dnn(gp.t(), xp.t())                      # .grad: no zero fill, no add pass
             else:
-                w = ctx.into[0]
-                if w.grad is None:
-                    w.grad = torch.zeros_like(w)
-                add_product_(w.grad, gp, xp)                                 # .grad += dY^T X
+                add_product_(ctx.into[0].grad, gp, xp)                       # .grad += dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(dim=0)                                               # [N]
             if ctx.into is not None:
