@@ -63,6 +63,33 @@ def accumulate_grad(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None
         add_upcast_(param.grad, a)
 
 
+def gradient_buffer(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Give each parameter in `params` that has no ``.grad`` a zeroed ``.grad`` that is a view of one flat buffer
+    per (device, dtype) (`train.grad_buffer`). The backward passes then add into these views (autograd's
+    AccumulateGrad and the in-place layers above both add into an existing ``.grad``), with the same values.
+
+    Why (CPU, glibc): made one by one during the first micro-batch's backward, the gradients land in the holes
+    that micro-batch's freed activations leave, and the next micro-batch's activations no longer fit there; the
+    heap grows by part of a micro-batch per micro-batch. One buffer is a single allocation above glibc's mmap
+    threshold: outside the heap, and back to the OS as soon as the gradients are dropped after the step.
+
+    Returns the buffers (their views are the gradients). Shape: each buffer [sum of its parameters' numel]
+    """
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is None:
+            groups.setdefault((p.device, p.dtype), []).append(p)
+    buffers = []
+    for (device, dtype), members in groups.items():
+        flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype, device=device)
+        start = 0
+        for p in members:
+            p.grad = flat[start:start + p.numel()].view_as(p)
+            start += p.numel()
+        buffers.append(flat)
+    return buffers
+
+
 class _GradIntoLinearFn(torch.autograd.Function):
     """y = x W^T + b whose weight and bias gradients go straight into ``.grad`` (:func:`accumulate_grad`);
     autograd receives None for them, so no gradient hook of the parameters runs.

@@ -129,7 +129,8 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
                           logprob_chunk_size=plan.logprob_chunk_size,
                           gradient_checkpointing=plan.gradient_checkpointing, parallel=hooks,
                           micro_batch_tokens=plan.micro_batch_tokens, preference=token_preference_of(state.extras),
-                          entropy_coef=control.applied() if control is not None else None)   # lambda-GRPO, entropy
+                          entropy_coef=control.applied() if control is not None else None,   # lambda-GRPO, entropy
+                          grad_buffer=plan.grad_buffer)
     if control is not None and not stats.skipped:
         control.observe(stats.entropy)
     state.optimizer.zero_grad(set_to_none=True)   # not needed before the next update: out of the rollout's peak

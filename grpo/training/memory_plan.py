@@ -114,6 +114,7 @@ class MemoryPlan:
     phases: tuple[tuple[str, int], ...] = ()   # (rollout | reference | update, estimated bytes)
     chosen_by: str = "planner"      # planner | user (every setting explicit)
     no_grad_tokens: int = 0         # token budget of the no-grad passes (reference, old policy); 0 = micro_batch_tokens
+    grad_buffer: bool = False       # the update's gradients as views of one flat buffer (the runtime's choice)
 
     @property
     def logprob_tokens(self) -> int:

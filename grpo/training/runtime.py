@@ -28,7 +28,7 @@ on this project's machines): docs/python-api.md says so.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -119,8 +119,12 @@ class CpuRuntime:
 
     def memory_plan(self, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
         """The update's micro-batch tokens, checkpointing and LM-head chunk for the budget (grpo.training.memory_plan);
-        `optimizer`: its state already in memory is not counted twice."""
-        return plan_for(self, model, prompt_tokens, optimizer)
+        `optimizer`: its state already in memory is not counted twice. Gradients in one flat buffer
+        (`train.grad_buffer`) in a single process: DDP and FSDP2 manage their own."""
+        from grpo.training.distributed import env_world_size
+
+        plan = plan_for(self, model, prompt_tokens, optimizer)
+        return replace(plan, grad_buffer=self.cfg.train.grad_buffer and env_world_size() == 1)
 
     def ref_offload(self, model: torch.nn.Module) -> str:
         """`train.ref_offload` for this run; auto = disk for a full reference copy of >= REF_OFFLOAD_MIN_BYTES."""

@@ -14,6 +14,7 @@ import torch
 
 from grpo.algorithms.schedule import lr_factor
 from grpo.config import AlgorithmConfig, OptimConfig
+from grpo.modeling.grad_in_place import gradient_buffer
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
 from grpo.modeling.workspace import release as release_workspaces
 from grpo.algorithms.loss import AGGREGATIONS, LOSS_STATS, grpo_loss, logprob_gap_sums
@@ -221,7 +222,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
                   max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
                   gradient_checkpointing: bool | None = None, parallel=None,
                   micro_batch_tokens: int = 0, scaler: torch.amp.GradScaler | None = None,
-                  preference=None, entropy_coef: float | None = None) -> UpdateStats:
+                  preference=None, entropy_coef: float | None = None, grad_buffer: bool = False) -> UpdateStats:
     """One optimizer step on `batch`, accumulated over micro-batches.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
@@ -243,6 +244,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     `preference` (grpo.algorithms.token_preference.TokenPreference, lambda-GRPO): its per-completion weights f_i
     multiply the policy term (with `token-mean`: the weighted token mean), and lambda gets its gradient.
     `entropy_coef`: the bonus coefficient of this step (None: ``algo.entropy_coef``; the adaptive controller's).
+    `grad_buffer` (`train.grad_buffer`, the CPU runtime in one process): the policy's gradients start as zeroed views
+    of one flat buffer (grpo.modeling.grad_in_place.gradient_buffer), so they do not fragment the heap.
     """
     par = parallel or SingleProcess(model)
     device = next(model.parameters()).device
@@ -260,6 +263,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     entropy_coef = algo.entropy_coef if entropy_coef is None else entropy_coef   # adaptive: the controller's
     policy_params = PolicyLossParams.of(algo)           # the algorithm keys of the same names
     optimizer.zero_grad(set_to_none=True)
+    if grad_buffer:
+        gradient_buffer([p for p in model.parameters() if p.requires_grad])
     prefs = preference.step_inputs(batch.completion_mask) if preference is not None else None   # h [N, G], pos [N]
     sums = None          # on the device: LOSS_STATS, then the entropy sum, the log-prob gap's sum and tokens
     buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,

@@ -283,7 +283,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     import grpo.training.experience as experience
     import grpo.training.loop as trainer_module
 
-    seen = {"sample": [], "in_update": []}
+    seen = {"sample": [], "in_update": [], "grad_buffer": []}
     real_sample, real_update = experience.sample, trainer_module.policy_update
 
     def sample(model, *a, **k):
@@ -292,6 +292,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
         return real_sample(model, *a, **k)
 
     def update(model, *a, **k):
+        seen["grad_buffer"].append(k["grad_buffer"])
         stats = real_update(model, *a, **k)
         seen["in_update"].append(sum(p.grad is not None for p in model.parameters()))
         return stats
@@ -316,6 +317,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     n = sum(1 for p in result.model.parameters() if p.requires_grad)
     assert seen["in_update"] == ["sample", "trim", n] * 3   # rollout, one trim, then the update made every gradient
     assert seen["sample"] == [0, 0, 0]                 # the rollouts after it saw none
+    assert seen["grad_buffer"] == [True] * 3           # train.grad_buffer: the CPU runtime's plan, one process
     assert events == [1, 2, 3] and all(p.grad is None for p in result.model.parameters())
 
 

@@ -171,3 +171,15 @@ def test_ref_offload_config_errors():
     with pytest.raises(ConfigError, match="train.ref_offload=disk needs algorithm.ref_update_steps = 0"):
         build_config(overrides={"train.ref_offload": "disk", "algorithm.ref_update_steps": 4})
     build_config(overrides={"train.ref_offload": "auto", "algorithm.ref_update_steps": 4})   # auto keeps it in memory
+
+
+@pytest.mark.parametrize("setting, world, expected", [(True, 1, True), (False, 1, False), (True, 2, False)])
+def test_cpu_runtime_plans_the_flat_gradient_buffer_for_one_process_only(monkeypatch, setting, world, expected):
+    """train.grad_buffer reaches the update through the memory plan: on in one process, off under torchrun (DDP /
+    FSDP2 manage the gradients) and when set off; the CUDA runtime never plans it."""
+    from tests.conftest import tiny_qwen2
+
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    cfg = build_config(overrides={"train.grad_buffer": setting})
+    assert CpuRuntime(torch.device("cpu"), cfg).memory_plan(tiny_qwen2(), 6).grad_buffer is expected
+    assert build_config().train.grad_buffer is True                  # on by default

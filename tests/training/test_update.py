@@ -470,3 +470,44 @@ def test_build_optimizer_makes_the_adam_state_but_leaves_other_optimizers_alone(
     assert all(opt.state[p]["exp_avg_sq"].shape == p.shape for p in trainable)
     sgd = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1, momentum=0.9)
     assert allocate_adam_state(sgd) == 0 and len(sgd.state) == 0
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_gradient_buffer_trains_bit_for_bit_like_gradients_made_one_by_one(onednn):
+    """train.grad_buffer: the policy's gradients start as zeroed views of one flat buffer; over 3 micro-batches the
+    update (autograd's AccumulateGrad, or oneDNN's in-place blocks and first-product gradients) reaches the same
+    parameters exactly, and during the step every gradient is a view of that one buffer."""
+    from grpo.modeling.cpu_kernels import use_cpu_matmul
+
+    batch = make_batch()
+    base = tiny_qwen2()
+    algo = AlgorithmConfig(beta=0.0)
+    params, storages = [], []
+    for grad_buffer in (False, True):
+        model = copy.deepcopy(base)
+        if onednn:
+            use_cpu_matmul(model, "onednn", grad_in_place=True)
+        opt, sched = build_optimizer(model, OptimConfig(lr=1e-2), 10)
+        policy_update(model, opt, sched, batch, algo, temperature=0.7, micro_batch_size=2, max_grad_norm=1.0,
+                      grad_buffer=grad_buffer)
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        storages.append({p.grad.untyped_storage().data_ptr() for p in model.parameters()})   # the step's gradients
+    assert len(storages[0]) > 1 and len(storages[1]) == 1        # one buffer holds every gradient
+    assert not torch.equal(params[0], torch.cat([p.flatten() for p in base.parameters()]))
+    assert torch.equal(params[0], params[1])
+
+
+def test_gradient_buffer_gives_zeroed_views_and_leaves_existing_gradients():
+    from grpo.modeling.grad_in_place import gradient_buffer
+
+    a, b, c = (torch.nn.Parameter(torch.randn(*s)) for s in ((3, 4), (5,), (2, 2)))
+    d = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+    c.grad = torch.ones(2, 2)
+    buffers = gradient_buffer([a, b, c, d])
+    assert [x.shape for x in buffers] == [torch.Size([17]), torch.Size([3])]       # float32 a, b; float64 d
+    assert buffers[0].dtype == torch.float32 and buffers[1].dtype == torch.float64
+    assert a.grad.shape == (3, 4) and b.grad.shape == (5,) and d.grad.shape == (3,)
+    assert all(float(p.grad.abs().sum()) == 0 for p in (a, b, d))
+    assert torch.equal(c.grad, torch.ones(2, 2))                                    # left as it was
+    a.grad.add_(1.0)
+    assert float(buffers[0][:12].sum()) == 12 and float(buffers[0][12:].sum()) == 0  # a view, not a copy
