@@ -104,10 +104,10 @@ def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torc
 
 class _DnnLinearFn(torch.autograd.Function):
     """y = x W^T + b with every GEMM (forward and both gradients) through oneDNN. With `into`
-    (`train.grad_in_place`, leaf parameters) dW and db go into ``.grad`` in place (the first micro-batch's dW
-    becomes ``.grad``, later ones are added by :func:`add_product_`) and autograd receives None for them, as grpo.modeling.grad_in_place's layers:
-    autograd's dW is a new tensor of the weight's size per micro-batch, fresh pages from the kernel at
-    `train.mmap_threshold_mb` 1, then one more pass to add it."""
+    (`train.grad_in_place`, leaf parameters) dW and db go into ``.grad`` in place and autograd receives None for
+    them, as grpo.modeling.grad_in_place's layers: the first micro-batch's dW becomes ``.grad`` (unless a
+    gradient buffer, `train.grad_buffer`, made it already), later ones are added by :func:`add_product_`.
+    Autograd's dW would be a new tensor of the weight's size per micro-batch, then one more pass to add it."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
