@@ -70,8 +70,9 @@ def gradient_buffer(params: list[torch.Tensor]) -> list[torch.Tensor]:
 
     Why (CPU, glibc): made one by one during the first micro-batch's backward, the gradients land in the holes
     that micro-batch's freed activations leave, and the next micro-batch's activations no longer fit there; the
-    heap grows by part of a micro-batch per micro-batch. One buffer is a single allocation above glibc's mmap
-    threshold: outside the heap, and back to the OS as soon as the gradients are dropped after the step.
+    heap grows by part of a micro-batch per micro-batch. One buffer is a single allocation; above glibc's mmap
+    threshold (at most 32 MiB) it is outside the heap and back to the OS as soon as the gradients are dropped after
+    the step.
 
     Returns the buffers (their views are the gradients). Shape: each buffer [sum of its parameters' numel]
     """
