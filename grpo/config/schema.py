@@ -104,6 +104,10 @@ class RolloutConfig:
                         "sampler's log-probs then differ from the update's (metric rollout/logprob_diff; "
                         "algorithm.rollout_correction corrects). "
                         "Emulated (~14x slower) on an AVX2-only CPU. Evaluation keeps train.precision.")
+    decode_kernel: str = _f("auto", "The CPU rollout's float32 decode products at <= 64 rows: auto (native where it "
+                            "builds, else onednn) | native (grpo's own AVX-512 kernel, compiled on first use with the "
+                            "machine's C compiler into ~/.cache/grpo/kernels; an error where it cannot run) | onednn. "
+                            "native overlaps the weights' reads with the multiply-adds (docs/performance.md).")
     env: str | None = _f(None, "Multi-turn episodes with tools (docs/agents.md): a built-in environment (calculator | "
                          "python) or file.py:Class; the Python API also takes an object. Empty = single-turn.")
     tool_parser: str = _f("qwen", "How tool calls are read from <tool_call>...</tool_call>: qwen (a JSON "

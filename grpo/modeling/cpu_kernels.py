@@ -23,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from grpo.modeling import native_gemm
 from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, InputCasts, accumulate_grad, cast_linear
 from grpo.modeling.workspace import held
 
@@ -154,8 +155,14 @@ def prepack(weight: torch.Tensor, rows: int) -> torch.Tensor:
     at 16 rows: 1.4-2.4x the speed of autocast's ``F.linear``, same values. Products of any row count stay
     exact. For a rollout only: the weights change after it.
 
-    Shape: weight [N, K] float32 or bfloat16 on the CPU -> [N, K] (``torch._mkldnn`` layout, same dtype)
+    float32 weights for at most ``native_gemm.MAX_ROWS`` rows go to the native decode kernel instead where it is
+    active (`rollout.decode_kernel`, grpo/modeling/native_gemm.py): a ``native_gemm.PanelWeight``.
+
+    Shape: weight [N, K] float32 or bfloat16 on the CPU -> [N, K] (``torch._mkldnn`` layout, same dtype),
+    or a PanelWeight of [N, K]
     """
+    if weight.dtype == torch.float32 and padded_rows(rows) <= native_gemm.MAX_ROWS and native_gemm.active():
+        return native_gemm.pack(weight)                                     # `rollout.decode_kernel`
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), padded_rows(rows))
 
 
@@ -207,6 +214,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     Shape: x [..., K], weight [N, K], bias [N] -> [..., N]
     """
+    if type(weight) is native_gemm.PanelWeight:                             # a rollout's native-packed copy
+        return native_gemm.matmul(x, weight, bias)
     if weight.is_mkldnn:                                                    # a rollout's packed copy
         x2 = x.reshape(-1, x.shape[-1]).to(weight.dtype)
         out = _dnn_rows(x2, weight, bias if bias is None else bias.to(weight.dtype))

@@ -82,7 +82,8 @@ class CpuRuntime:
     cfg: Config
 
     def prepare_process(self) -> None:
-        """Allocator threshold, thread count and oneMKL's math kernels (process-wide)."""
+        """Allocator threshold, thread count, oneMKL's math kernels and the rollout's decode kernel (process-wide)."""
+        from grpo.modeling import native_gemm
         from grpo.modeling.cpu_kernels import set_mmap_threshold
         from grpo.modeling.vml_warmup import warm_vml
 
@@ -90,6 +91,7 @@ class CpuRuntime:
         if self.cfg.train.num_threads:
             torch.set_num_threads(self.cfg.train.num_threads)
         warm_vml()           # before any parallel first call of cos, exp, ...: see grpo/modeling/vml_warmup.py
+        native_gemm.configure(self.cfg.rollout.decode_kernel)   # builds it on first use (`rollout.decode_kernel`)
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         """The policy on the CPU with oneDNN float32 linears where they are faster (`model.cpu_matmul`), the others

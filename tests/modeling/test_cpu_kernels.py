@@ -65,15 +65,24 @@ def test_padded_gemms_equal_float64_with_and_without_graph(rows):
     assert torch.allclose(w.grad.double(), upstream.double().T @ x64, atol=1e-4)        # dW = dY^T X
 
 
-@pytest.mark.parametrize("hint", [1, 16, 40])
+@pytest.mark.parametrize("mode,hint", [("onednn", 1), ("onednn", 16), ("onednn", 40), ("native", 1), ("native", 16),
+                                       ("native", 40), ("native", 100)])
 @torch.no_grad()
-def test_prepacked_weight_gives_the_float64_product_for_any_row_count(hint):
-    """A weight oneDNN-packed for `hint` rows (a rollout's) serves products of every row count (rows leave a
-    rollout), through linear, with and without bias; it is a copy, not a view of the weight."""
+def test_prepacked_weight_gives_the_float64_product_for_any_row_count(mode, hint, monkeypatch):
+    """A weight packed for `hint` rows (a rollout's) serves products of every row count (rows leave a rollout),
+    through linear, with and without bias; it is a copy, not a view of the weight. `rollout.decode_kernel`
+    native packs for grpo's own kernel up to native_gemm.MAX_ROWS rows, for oneDNN above."""
+    from grpo.modeling import native_gemm
+
+    if mode == "native" and native_gemm.library() is None:
+        pytest.skip(f"native decode kernel: {native_gemm.unavailable_reason()}")
+    monkeypatch.setattr(native_gemm, "_mode", mode)
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(48, 40, generator=g), torch.randn(48, generator=g)
     packed = kernels.prepack(w, hint)
-    assert packed.is_mkldnn and packed.shape == w.shape
+    native = mode == "native" and hint <= native_gemm.MAX_ROWS
+    assert (type(packed) is native_gemm.PanelWeight) == native and packed.is_mkldnn != native
+    assert packed.shape == w.shape
     for rows in (1, 5, 16, 33, 70):
         x = torch.randn(rows, 40, generator=g)
         expect = x.double() @ w.double().T                                   # [rows, N] the formula in float64

@@ -6,6 +6,7 @@ import torch
 import transformers
 
 from grpo.rollout import sample
+from grpo.modeling import native_gemm
 from grpo.modeling.decoder import lean_decoder
 from grpo.modeling.decoder import positions_from_mask
 from grpo.rollout.sampler import prefill
@@ -57,16 +58,28 @@ def last_logits(model, ids, mask):
     return out.logits[:, -1].float()
 
 
-@pytest.mark.parametrize("pack", [True, False])
+def packing(monkeypatch, pack):
+    """The rollout's weights for `pack`: native (grpo's decode kernel, skipped where it cannot run), onednn, or
+    None (not packed: CUDA's and autocast dtypes' path). Returns the packed weights' type check."""
+    import grpo.modeling.decoder as decoder_module
+
+    if pack == "native" and native_gemm.library() is None:
+        pytest.skip(f"native decode kernel: {native_gemm.unavailable_reason()}")
+    monkeypatch.setattr(native_gemm, "_mode", "native" if pack == "native" else "onednn")
+    if pack is None:
+        monkeypatch.setattr(decoder_module, "can_prepack", lambda *a: False)
+    return {"native": lambda w: type(w) is native_gemm.PanelWeight, "onednn": lambda w: w.is_mkldnn,
+            None: lambda w: type(w) is not native_gemm.PanelWeight and not w.is_mkldnn}[pack]
+
+
+@pytest.mark.parametrize("pack", ["native", "onednn", None])
 @pytest.mark.parametrize("kind", list(CONFIGS))
 @torch.no_grad()
 def test_decode_steps_match_full_forward(kind, pack, monkeypatch):
     """Several lean decode steps (with rows dropped mid-way) == a full forward over the whole sequence, with
-    the rollout's weights oneDNN-packed (CPU float32's default) and without (CUDA, autocast dtypes)."""
-    import grpo.modeling.decoder as decoder_module
-
-    if not pack:
-        monkeypatch.setattr(decoder_module, "can_prepack", lambda *a: False)
+    the rollout's weights packed for the native kernel (CPU float32's default on AVX-512), oneDNN-packed and
+    not packed (CUDA, autocast dtypes)."""
+    packed = packing(monkeypatch, pack)
     model = make_model(kind)
     decoder = lean_decoder(model)
     assert decoder is not None
@@ -74,9 +87,9 @@ def test_decode_steps_match_full_forward(kind, pack, monkeypatch):
     G, steps = 2, 6
     logits, cache = prefill(model, ids, mask)  # [B, V]
     state = decoder.start(cache, mask, G, steps)
-    assert (state.head is not None) == pack
+    assert (state.head is not None) == (pack is not None) and (pack is None or packed(state.head))
     if kind != "qwen2-lora":  # LoRA-adapted projections keep their modules
-        assert all(w.is_mkldnn == pack for f in state.fused for w in (f.qkv, f.gate_up, f.o, f.down))
+        assert all(packed(w) for f in state.fused for w in (f.qkv, f.gate_up, f.o, f.down))
     seq, seq_mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)  # [N, P]
     gen = torch.Generator().manual_seed(0)
     for t in range(steps):
@@ -92,19 +105,18 @@ def test_decode_steps_match_full_forward(kind, pack, monkeypatch):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("pack", ["native", "onednn", None])
 def test_decode_step_runs_a_plain_lm_head_through_the_cpu_kernel(monkeypatch, pack):
-    """The LM head of a decode step goes through grpo.modeling.cpu_kernels.linear (oneDNN on CPU float32),
-    like the projections: as this rollout's oneDNN-packed copy on CPU float32, else as the head's own weight."""
+    """The LM head of a decode step goes through grpo.modeling.cpu_kernels.linear, like the projections: as this
+    rollout's packed copy on CPU float32 (native or oneDNN), else as the head's own weight."""
     import grpo.modeling.decoder as decoder_module
 
-    if not pack:
-        monkeypatch.setattr(decoder_module, "can_prepack", lambda *a: False)
+    packed = packing(monkeypatch, pack)
     model = make_model("qwen2")
     decoder = lean_decoder(model)
     ids, mask = make_prompts()
     state = decoder.start(prefill(model, ids, mask)[1], mask, 2, 2)
-    assert (state.head is not None) == pack
+    assert (state.head is not None) == (pack is not None) and (pack is None or packed(state.head))
     weights = []
     real = decoder_module.linear
     monkeypatch.setattr(decoder_module, "linear", lambda x, w, b=None: weights.append(w) or real(x, w, b))

@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from grpo.modeling import cpu_kernels, rollout_weights
+from grpo.modeling import cpu_kernels, native_gemm, rollout_weights
 from grpo.modeling.cpu_kernels import linear
 from grpo.modeling.rollout_weights import fuse_projections, packed_head
 from tests.modeling.test_decoder import SHAPE, with_lora
@@ -12,22 +12,31 @@ from tests.modeling.test_decoder import SHAPE, with_lora
 pytestmark = pytest.mark.skipif(not cpu_kernels.onednn_works(), reason="this torch build has no oneDNN linear")
 
 
+def float32_packed(w, rows: int) -> bool:
+    """`w` is packed as a float32 rollout of `rows` rows packs: for the native decode kernel where it is active
+    (`rollout.decode_kernel` auto, up to native_gemm.MAX_ROWS rows), else for oneDNN."""
+    if native_gemm.active() and cpu_kernels.padded_rows(rows) <= native_gemm.MAX_ROWS:
+        return type(w) is native_gemm.PanelWeight
+    return w.is_mkldnn
+
+
 def qwen2(dtype=torch.float32):
     torch.manual_seed(0)
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPE)).to(dtype).eval()
 
 
-@pytest.mark.parametrize("pack_rows", [None, 6])
+@pytest.mark.parametrize("pack_rows", [None, 6, 100])
 @torch.no_grad()
 def test_fused_and_packed_projections_equal_the_modules(pack_rows):
     """q/k/v and gate/up as one product each (split back), o and down: each equals its module's output, in
-    float64, packed or not; packed weights are oneDNN copies, unpacked o and down the modules' own tensors."""
+    float64, packed or not; packed weights are copies (native panels at 6 rows where that kernel runs, oneDNN's
+    layout at 100), unpacked o and down the modules' own tensors."""
     model = qwen2()
     fused = fuse_projections(model.model.layers, None, pack_rows)
     x = torch.randn(5, SHAPE["hidden_size"], dtype=torch.float64)
     for layer, f in zip(model.model.layers, fused):
         attn, mlp = layer.self_attn, layer.mlp
-        assert all(w.is_mkldnn == (pack_rows is not None) for w in (f.qkv, f.gate_up, f.o, f.down))
+        assert all(float32_packed(w, pack_rows) if pack_rows else not w.is_mkldnn for w in (f.qkv, f.gate_up, f.o, f.down))
         if pack_rows is None:
             assert f.o is attn.o_proj.weight and f.down is mlp.down_proj.weight
         q, k, v = linear(x.float(), f.qkv, f.qkv_bias).double().split(f.qkv_sizes, dim=-1)
@@ -72,7 +81,7 @@ def test_bf16_weights_are_packed_only_where_asked_and_adapters_never():
     lora = with_lora(qwen2())
     assert fuse_projections(lora.get_base_model().model.layers, None, 16) is None
     head = packed_head(qwen2().lm_head, 16)
-    assert head.is_mkldnn and head.shape == (SHAPE["vocab_size"], SHAPE["hidden_size"])
+    assert float32_packed(head, 16) and head.shape == (SHAPE["vocab_size"], SHAPE["hidden_size"])
     assert packed_head(qwen2().lm_head, None) is None
 
 

@@ -76,6 +76,19 @@ def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
     assert explicit.micro_batch_tokens(model) == 4096
 
 
+def test_cpu_runtime_sets_the_decode_kernel(monkeypatch):
+    """`rollout.decode_kernel` is the CPU runtime's to apply (process-wide), before the first rollout."""
+    from grpo.modeling import native_gemm
+
+    monkeypatch.setattr(native_gemm, "_mode", native_gemm._mode)
+    CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.decode_kernel": "onednn"})).prepare_process()
+    assert native_gemm._mode == "onednn" and not native_gemm.active()
+    CpuRuntime(torch.device("cpu"), build_config()).prepare_process()
+    assert native_gemm._mode == "auto" and native_gemm.active() == (native_gemm.library() is not None)
+    with pytest.raises(ValueError, match=re.escape("rollout.decode_kernel must be auto | native | onednn")):
+        build_config(overrides={"rollout.decode_kernel": "mkl"})
+
+
 def test_attention_kernel_choice():
     assert attn_implementation("auto", torch.device("cpu")) is None        # the library's default (sdpa)
     assert attn_implementation("eager", torch.device("cpu")) == "eager"
