@@ -198,6 +198,7 @@ def validate(cfg: Config) -> None:
          "train.precision=fp16 needs model.dtype=float32 (the loss scaler keeps float32 master weights)"),
         (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),
         (cfg.rollout.decode_kernel in ("auto", "native", "onednn"), "rollout.decode_kernel must be auto | native | onednn"),
+        (cfg.train.grad_kernel in ("auto", "native", "onednn"), "train.grad_kernel must be auto | native | onednn"),
         (cfg.model.attn_implementation in ("auto", "eager", "sdpa", "flash_attention_2"),
          "model.attn_implementation must be auto | eager | sdpa | flash_attention_2"),
         (cfg.model.attn_implementation != "flash_attention_2" or cfg.model.dtype in ("bfloat16", "float16"),

@@ -232,6 +232,11 @@ class TrainConfig:
                              "their weight gradients into .grad in row blocks (float32; the lean SwiGLU MLP, "
                              "train.lean_layers, adds each whole product), or their bf16 weight "
                              "gradients into the float32 .grad (train.precision bf16).")
+    grad_kernel: str = _f("auto", "CPU runtime: how oneDNN-switched float32 linears (model.cpu_matmul) and the fused LM "
+                          "head add their weight gradients into .grad (train.grad_in_place): auto (native where it "
+                          "builds, else onednn) | native (grpo's own AVX-512 kernel, the one of rollout.decode_kernel: "
+                          "dW += dY^T X read in place, no transposed copies or product temporaries; an error where it "
+                          "cannot run) | onednn (products in blocks, then added).")
     grad_buffer: bool = _f(True, "CPU runtime, one process: the update's gradients start as zeroed views of one flat "
                            "buffer instead of tensors made one by one in the first backward pass (same values). Those "
                            "land in the holes the first micro-batch's activations leave, and the heap grows by part of "

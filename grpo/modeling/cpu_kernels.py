@@ -91,12 +91,24 @@ def block_size(n: int, width: int) -> int:
     return min(width, max(64, BLOCK_BYTES // (4 * max(n, 1)) // 64 * 64))
 
 
-def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """target += a^T b in place through oneDNN, :func:`block_size` rows of `target` at a time (oneDNN has no
-    ``out=``: a whole [N, K] product would be a new tensor of the target's size per call).
+def native_grads(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether target += a^T b goes to the native kernel (`train.grad_kernel`): it is active and all three are
+    contiguous float32 CPU tensors."""
+    return native_gemm.active("grad") and all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and type(t) is torch.Tensor
+        for t in (target, a, b))
+
+
+def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """target += a^T b in place: by the native kernel (`train.grad_kernel`, :func:`native_grads`: both operands
+    read where they are), else through oneDNN, :func:`block_size` rows of `target` at a time (oneDNN has no
+    ``out=``: a whole [N, K] product would be a new tensor of the target's size per call). `rows`: the first rows
+    of a and b that are not zero padding (the native kernel skips the rest).
 
     Shape: target [N, K], a [M, N], b [M, K] (rows of any stride; contiguous ones are read in place) -> target
     """
+    if native_grads(target, a, b):
+        return native_gemm.grad_accumulate(target, a[:rows], b[:rows])
     rows, bt = block_size(target.shape[1], target.shape[0]), b.t()
     for v in range(0, target.shape[0], rows):
         target[v:v + rows].add_(_dnn(a[:, v:v + rows].t(), bt))           # [rows, K] = a_v^T b
@@ -133,10 +145,12 @@ class _DnnLinearFn(torch.autograd.Function):
             xp = pad_rows(x2, rows + pad)                                    # [M', K]
             if ctx.into is None:
                 gw = _dnn(gp.t(), xp.t())                                    # [N, K] = dY^T X
-            elif ctx.into[0].grad is None:                                  # the first micro-batch's product is
-                ctx.into[0].grad = _dnn(gp.t(), xp.t())                      # .grad: no zero fill, no add pass
+            elif ctx.into[0].grad is None and not native_gemm.active("grad"):   # the first micro-batch's product
+                ctx.into[0].grad = _dnn(gp.t(), xp.t())                      # is .grad: no zero fill, no add pass
             else:
-                add_product_(ctx.into[0].grad, gp, xp)                       # .grad += dY^T X
+                if ctx.into[0].grad is None:     # as from a gradient buffer: the same sums, bit for bit, either way
+                    ctx.into[0].grad = torch.zeros_like(weight)
+                add_product_(ctx.into[0].grad, gp, xp, rows)                 # .grad += dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(dim=0)                                               # [N]
             if ctx.into is not None:

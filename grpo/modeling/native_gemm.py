@@ -37,10 +37,12 @@ LANES = 16
 #: Above this many rows oneDNN's packed GEMM is as fast or faster (qwen2-100m's decode products, Zen 5:
 #: 0.97x at 64 rows, 1.06x slower at 128), so the rollout packs for oneDNN instead.
 MAX_ROWS = 64
-#: `rollout.decode_kernel` values.
+#: `rollout.decode_kernel` and `train.grad_kernel` values.
 MODES = ("auto", "native", "onednn")
+#: What each use of the kernels is called in the config.
+KEYS = {"decode": "rollout.decode_kernel", "grad": "train.grad_kernel"}
 
-_mode = "auto"
+_modes = {"decode": "auto", "grad": "auto"}
 
 
 class PanelWeight:
@@ -58,20 +60,22 @@ class PanelWeight:
         return self.panels.numel() * self.panels.element_size()
 
 
-def configure(mode: str) -> None:
-    """Set `rollout.decode_kernel` for this process: auto (the native kernel where it builds, else oneDNN), native
-    (the native kernel; an error naming the reason where it cannot run) or onednn."""
-    global _mode
-    if mode not in MODES:
-        raise ValueError(f"rollout.decode_kernel: '{mode}' is not one of {' | '.join(MODES)}")
-    if mode == "native" and library() is None:
-        raise RuntimeError(f"rollout.decode_kernel: native is not available here: {unavailable_reason()}")
-    _mode = mode
+def configure(decode: str = "auto", grad: str = "auto") -> None:
+    """Set `rollout.decode_kernel` (`decode`) and `train.grad_kernel` (`grad`) for this process, each auto (the
+    native kernel where it builds, else oneDNN), native (the native kernel; an error naming the reason where it
+    cannot run) or onednn."""
+    for use, mode in (("decode", decode), ("grad", grad)):
+        if mode not in MODES:
+            raise ValueError(f"{KEYS[use]}: '{mode}' is not one of {' | '.join(MODES)}")
+        if mode == "native" and library() is None:
+            raise RuntimeError(f"{KEYS[use]}: native is not available here: {unavailable_reason()}")
+    _modes.update(decode=decode, grad=grad)
 
 
-def active() -> bool:
-    """Whether rollouts pack their float32 weights for the native kernel (the mode allows it and it is built)."""
-    return _mode != "onednn" and library() is not None
+def active(use: str = "decode") -> bool:
+    """Whether the native kernel serves `use`: decode (rollouts pack their float32 weights for :func:`matmul`) or
+    grad (weight gradients accumulate through :func:`grad_accumulate`): its mode allows it and it is built."""
+    return _modes[use] != "onednn" and library() is not None
 
 
 def unavailable_reason() -> str | None:
@@ -150,6 +154,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.grpo_panel_matmul.argtypes = [ptr, n, n, ptr, n, ptr, ptr]
     lib.grpo_panel_matmul.restype = ctypes.c_int
     lib.grpo_panel_threads.restype = ctypes.c_int
+    lib.grpo_grad_accumulate.argtypes = [ptr, ptr, ptr, n, n, n]
+    lib.grpo_grad_accumulate.restype = None
     return lib, None
 
 
@@ -190,3 +196,20 @@ def matmul(x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None = Non
         if status:
             raise MemoryError(f"native_gemm.matmul: no memory for the {x2.shape[0]} x {k} input's transposed copy")
     return out.view(*x.shape[:-1], n)
+
+
+def grad_accumulate(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """target += a^T b in place, both operands read where they are (no transposed copies, no product temporary):
+    a weight gradient dW += dY^T X. Each element is summed over the rows in order by one thread.
+
+    Shape: target [N, K], a [M, N], b [M, K], all float32 contiguous on the CPU -> target
+    """
+    m, n = a.shape
+    if b.shape[0] != m or target.shape != (n, b.shape[1]):
+        raise ValueError(f"native_gemm.grad_accumulate: target {tuple(target.shape)} != a^T b of a {tuple(a.shape)}, "
+                         f"b {tuple(b.shape)}")
+    if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in (target, a, b)):
+        raise ValueError("native_gemm.grad_accumulate: needs contiguous float32 CPU tensors")
+    if m and target.numel():
+        library().grpo_grad_accumulate(target.data_ptr(), a.data_ptr(), b.data_ptr(), m, n, b.shape[1])
+    return target

@@ -76,7 +76,7 @@ def test_prepacked_weight_gives_the_float64_product_for_any_row_count(mode, hint
 
     if mode == "native" and native_gemm.library() is None:
         pytest.skip(f"native decode kernel: {native_gemm.unavailable_reason()}")
-    monkeypatch.setattr(native_gemm, "_mode", mode)
+    monkeypatch.setitem(native_gemm._modes, "decode", mode)
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(48, 40, generator=g), torch.randn(48, generator=g)
     packed = kernels.prepack(w, hint)
@@ -268,18 +268,24 @@ def test_in_place_weight_gradients_equal_autograds(checkpointing, chunked, lean,
 
 @pytest.mark.skipif(not onednn_works(), reason="this torch build has no working oneDNN linear")
 @pytest.mark.parametrize("tied,chunked", [(True, True), (False, True), (False, False)])
-def test_onednn_in_place_gradients_equal_autograds(monkeypatch, tied, chunked):
-    """float32 DnnLinear with `train.grad_in_place`: dW (the first micro-batch's product becomes .grad, the
-    second's is added in vocabulary/row blocks, add_product_) and db go into .grad over two micro-batches; equal to the same model through autograd (1e-5) and to float64 autograd to
-    float32 rounding, for a tied or separate LM head, the trainer's chunked (fused) head or the model's loss."""
+@pytest.mark.parametrize("kernel", ["onednn", "native"])
+def test_onednn_in_place_gradients_equal_autograds(monkeypatch, tied, chunked, kernel):
+    """float32 DnnLinear with `train.grad_in_place`: dW (oneDNN: the first micro-batch's product becomes .grad, the
+    second's is added in vocabulary/row blocks; native, `train.grad_kernel`: both added in place into a zeroed .grad;
+    both through add_product_) and db go into .grad over two micro-batches; equal to the same model through autograd
+    (1e-5) and to float64 autograd to float32 rounding, for a tied or separate LM head, the trainer's chunked (fused)
+    head or the model's loss."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo.modeling import cpu_kernels
+    from grpo.modeling import cpu_kernels, native_gemm
 
+    if kernel == "native" and native_gemm.library() is None:
+        pytest.skip(f"native kernel: {native_gemm.unavailable_reason()}")
+    monkeypatch.setitem(native_gemm._modes, "grad", kernel)
     monkeypatch.setattr(cpu_kernels, "BLOCK_BYTES", 32 * 4 * 64)          # 64-row blocks: several per weight
     blocks = []
     real = cpu_kernels.add_product_
-    monkeypatch.setattr(cpu_kernels, "add_product_", lambda t, a, b: blocks.append(t.shape) or real(t, a, b))
+    monkeypatch.setattr(cpu_kernels, "add_product_", lambda t, a, b, *rows: blocks.append(t.shape) or real(t, a, b, *rows))
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=200, hidden_size=32, intermediate_size=96, num_hidden_layers=2, pad_token_id=0,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)

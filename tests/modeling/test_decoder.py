@@ -65,7 +65,7 @@ def packing(monkeypatch, pack):
 
     if pack == "native" and native_gemm.library() is None:
         pytest.skip(f"native decode kernel: {native_gemm.unavailable_reason()}")
-    monkeypatch.setattr(native_gemm, "_mode", "native" if pack == "native" else "onednn")
+    monkeypatch.setitem(native_gemm._modes, "decode", "native" if pack == "native" else "onednn")
     if pack is None:
         monkeypatch.setattr(decoder_module, "can_prepack", lambda *a: False)
     return {"native": lambda w: type(w) is native_gemm.PanelWeight, "onednn": lambda w: w.is_mkldnn,

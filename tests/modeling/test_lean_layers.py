@@ -80,12 +80,21 @@ def test_switched_model_trains_like_the_stock_one(matmul):
     assert not any("forward" in vars(m) for m in lean.modules())
 
 
-@pytest.mark.parametrize("in_place", [True, False])
-def test_onednn_mlp_weight_gradients_go_into_grad_in_place_over_micro_batches(in_place, monkeypatch):
+@pytest.mark.parametrize("in_place,kernel", [(True, "onednn"), (True, "native"), (False, "onednn")])
+def test_onednn_mlp_weight_gradients_go_into_grad_in_place_over_micro_batches(in_place, kernel, monkeypatch):
     """train.grad_in_place with oneDNN projections: the lean MLP's weight gradients become / are added to .grad
-    directly (autograd receives None for them), over two accumulated micro-batches, equal to the stock model's."""
+    directly (autograd receives None for them), over two accumulated micro-batches, equal to the stock model's;
+    by oneDNN's products or by the native kernel (`train.grad_kernel`, which writes them in place: counted)."""
+    from grpo.modeling import native_gemm
+
     if not onednn_works():
         pytest.skip("oneDNN matmul not available")
+    if kernel == "native" and native_gemm.library() is None:
+        pytest.skip(f"native kernel: {native_gemm.unavailable_reason()}")
+    monkeypatch.setitem(native_gemm._modes, "grad", kernel)
+    native_calls = []
+    real_accumulate = native_gemm.grad_accumulate
+    monkeypatch.setattr(native_gemm, "grad_accumulate", lambda *a: native_calls.append(1) or real_accumulate(*a))
     stock = tiny_qwen2().train()
     lean = copy.deepcopy(stock)
     use_lean_layers(lean)
@@ -107,6 +116,8 @@ def test_onednn_mlp_weight_gradients_go_into_grad_in_place_over_micro_batches(in
     for (name, p), q in zip(stock.named_parameters(), lean.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
     assert returned == [[in_place] * 3] * 4                   # 2 layers x 2 micro-batches
+    # native: 3 MLP weights + q/k/v/o (DnnLinear, add_product_) per layer and micro-batch, + the LM head per micro-batch
+    assert len(native_calls) == ((3 + 4) * 4 + 2 if kernel == "native" else 0)
 
 
 def saved_bytes(model, ids) -> int:

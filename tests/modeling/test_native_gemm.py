@@ -81,14 +81,18 @@ def test_no_autograd():
 
 def test_modes_and_reasons(monkeypatch):
     """auto uses the kernel only where it runs; native where it cannot is an error naming why; bad modes fail."""
-    monkeypatch.setattr(native_gemm, "_mode", native_gemm._mode)
+    monkeypatch.setattr(native_gemm, "_modes", dict(native_gemm._modes))
     with pytest.raises(ValueError, match=re.escape("rollout.decode_kernel: 'fast' is not one of auto | native | onednn")):
         native_gemm.configure("fast")
+    with pytest.raises(ValueError, match=re.escape("train.grad_kernel: 'fast' is not one of")):
+        native_gemm.configure(grad="fast")
     monkeypatch.setattr(native_gemm, "_load", lambda: (None, "needs AVX-512 (torch reports AVX2)"))
-    native_gemm.configure("auto")
-    assert not native_gemm.active() and native_gemm.unavailable_reason() == "needs AVX-512 (torch reports AVX2)"
+    native_gemm.configure("auto", "auto")
+    assert not native_gemm.active("grad") and not native_gemm.active() and native_gemm.unavailable_reason() == "needs AVX-512 (torch reports AVX2)"
     with pytest.raises(RuntimeError, match=r"native is not available here: needs AVX-512 \(torch reports AVX2\)"):
         native_gemm.configure("native")
+    with pytest.raises(RuntimeError, match=r"train.grad_kernel: native is not available here"):
+        native_gemm.configure(grad="native")
     from grpo.modeling import cpu_kernels
 
     assert cpu_kernels.prepack(torch.randn(32, 16), 16).is_mkldnn             # auto without the kernel: oneDNN
@@ -118,3 +122,36 @@ def test_builds_into_the_cache_directory(monkeypatch, tmp_path):
     assert len(built) == 1 and built[0].name.startswith("decode_gemm-") and built[0].suffix == ".so"
     mtime = built[0].stat().st_mtime_ns
     assert load()[0] is not None and built[0].stat().st_mtime_ns == mtime
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,n,k", [(401, 100, 64), (7, 15, 40), (1, 1, 1), (64, 5000, 32), (33, 29, 70)])
+@torch.no_grad()
+def test_grad_accumulate_adds_the_float64_product(rows, n, k):
+    """target += a^T b for any shape: tiles of 14 target rows and a partial one, 32-column panels and a tail of
+    plain loops (k = 40, 70, 1), a's columns in several L2 blocks (64 x 5000 floats > 1 MiB)."""
+    g = torch.Generator().manual_seed(rows + n + k)
+    a, b, target = torch.randn(rows, n, generator=g), torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    expect = target.double() + a.double().T @ b.double()                   # [n, k]
+    out = native_gemm.grad_accumulate(target, a, b)
+    assert out is target
+    torch.testing.assert_close(target.double(), expect, atol=1e-6 * rows ** 0.5 * 10, rtol=1e-5)
+
+
+@needs_kernel
+@torch.no_grad()
+def test_grad_accumulate_is_thread_count_independent_and_checks_its_operands():
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(100, 300, generator=g), torch.randn(100, 96, generator=g)
+    results, threads = [], torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            results.append(native_gemm.grad_accumulate(torch.zeros(300, 96), a, b))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0], results[1])
+    with pytest.raises(ValueError, match=r"target \(300, 95\) != a\^T b of a \(100, 300\), b \(100, 96\)"):
+        native_gemm.grad_accumulate(torch.zeros(300, 95), a, b)
+    with pytest.raises(ValueError, match="contiguous float32 CPU"):
+        native_gemm.grad_accumulate(torch.zeros(96, 300).t(), a, b)

@@ -77,16 +77,21 @@ def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
 
 
 def test_cpu_runtime_sets_the_decode_kernel(monkeypatch):
-    """`rollout.decode_kernel` is the CPU runtime's to apply (process-wide), before the first rollout."""
+    """`rollout.decode_kernel` and `train.grad_kernel` are the CPU runtime's to apply (process-wide), before the first rollout."""
     from grpo.modeling import native_gemm
 
-    monkeypatch.setattr(native_gemm, "_mode", native_gemm._mode)
-    CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.decode_kernel": "onednn"})).prepare_process()
-    assert native_gemm._mode == "onednn" and not native_gemm.active()
+    monkeypatch.setattr(native_gemm, "_modes", dict(native_gemm._modes))
+    CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.decode_kernel": "onednn", "train.grad_kernel": "onednn"})).prepare_process()
+    assert native_gemm._modes == {"decode": "onednn", "grad": "onednn"} and not native_gemm.active("decode")
+    assert not native_gemm.active("grad")
     CpuRuntime(torch.device("cpu"), build_config()).prepare_process()
-    assert native_gemm._mode == "auto" and native_gemm.active() == (native_gemm.library() is not None)
+    built = native_gemm.library() is not None
+    assert native_gemm._modes == {"decode": "auto", "grad": "auto"} and native_gemm.active("decode") == built
+    assert native_gemm.active("grad") == built
     with pytest.raises(ValueError, match=re.escape("rollout.decode_kernel must be auto | native | onednn")):
         build_config(overrides={"rollout.decode_kernel": "mkl"})
+    with pytest.raises(ValueError, match=re.escape("train.grad_kernel must be auto | native | onednn")):
+        build_config(overrides={"train.grad_kernel": "mkl"})
 
 
 def test_attention_kernel_choice():

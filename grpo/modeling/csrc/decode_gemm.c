@@ -120,3 +120,72 @@ int grpo_panel_threads(void) {
     }
     return n;
 }
+
+/* ---- weight gradients: target[N, K] += a[M, N]^T b[M, K], both operands read in place (row-major) ---- */
+
+#define GRAD_ROWS 14  /* target rows per register tile (a's columns, broadcast) */
+#define GRAD_COLS 32  /* target columns per register tile: two vectors */
+
+/* One tile: target rows n0..n0+rows-1, columns k0..k0+31, summed over all m in order, then added to target. */
+static inline __attribute__((always_inline)) void grad_tile(const float *a, long lda, const float *b, long ldb,
+                                                            long m, int rows, float *t, long ldt) {
+    vec lo[GRAD_ROWS], hi[GRAD_ROWS];
+    for (int r = 0; r < rows; r++) {   /* the target's lines (a gradient, often cold) arrive while the sums run */
+        __builtin_prefetch(t + r * ldt, 1, 3);
+        __builtin_prefetch(t + r * ldt + LANES, 1, 3);
+        lo[r] = hi[r] = (vec){0};
+    }
+    for (long i = 0; i < m; i++) {
+        vec b0 = *(const vec *)(b + i * ldb), b1 = *(const vec *)(b + i * ldb + LANES);
+        const float *ai = a + i * lda;
+        for (int r = 0; r < rows; r++) {
+            lo[r] += ai[r] * b0;
+            hi[r] += ai[r] * b1;
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        *(vec *)(t + r * ldt) += lo[r];
+        *(vec *)(t + r * ldt + LANES) += hi[r];
+    }
+}
+
+#define GRAD_CASE(R) case R: grad_tile(a + n0, n, b + k0, k, m, R, target + n0 * k + k0, k); break;
+
+/* target [n, k] += a [m, n]^T b [m, k]: each element summed over m in order by one thread, then added (results do
+ * not depend on the thread count). a's columns go in blocks of about GRAD_BLOCK_BYTES (m x columns x 4 bytes) that
+ * stay in L2 while every 32-column panel of b is multiplied by them: a [256, 32768] LM-head gradient read a whole
+ * for each panel came from memory 24 times. Columns of b past the last multiple of 32 are summed in plain loops. */
+#define GRAD_BLOCK_BYTES (1L << 20)
+
+void grpo_grad_accumulate(float *target, const float *a, const float *b, long m, long n, long k) {
+    long panels = k / GRAD_COLS;
+    long block = GRAD_BLOCK_BYTES / (4 * (m > 0 ? m : 1)) / GRAD_ROWS * GRAD_ROWS;
+    if (block < GRAD_ROWS) block = GRAD_ROWS;
+#pragma omp parallel
+    {
+        for (long start = 0; start < n; start += block) {
+            long stop = start + block < n ? start + block : n;
+            long tiles = (stop - start + GRAD_ROWS - 1) / GRAD_ROWS;
+#pragma omp for schedule(static) collapse(2)
+            for (long p = 0; p < panels; p++)
+                for (long t = 0; t < tiles; t++) {
+                    long k0 = p * GRAD_COLS, n0 = start + t * GRAD_ROWS;
+                    int rows = stop - n0 < GRAD_ROWS ? (int)(stop - n0) : GRAD_ROWS;
+                    switch (rows) {
+                        GRAD_CASE(1) GRAD_CASE(2) GRAD_CASE(3) GRAD_CASE(4) GRAD_CASE(5) GRAD_CASE(6) GRAD_CASE(7)
+                        GRAD_CASE(8) GRAD_CASE(9) GRAD_CASE(10) GRAD_CASE(11) GRAD_CASE(12) GRAD_CASE(13)
+                        GRAD_CASE(14)
+                    }
+                }
+        }
+        if (panels * GRAD_COLS < k) {
+#pragma omp for schedule(static)
+            for (long r = 0; r < n; r++)
+                for (long c = panels * GRAD_COLS; c < k; c++) {
+                    float s = 0.0f;
+                    for (long i = 0; i < m; i++) s += a[i * n + r] * b[i * k + c];
+                    target[r * k + c] += s;
+                }
+        }
+    }
+}
