@@ -1,4 +1,6 @@
-"""The rollout's own decode-step GEMM on AVX-512 CPUs (`rollout.decode_kernel`): grpo/modeling/csrc/decode_gemm.c.
+"""grpo's own CPU GEMMs on AVX-512 (grpo/modeling/csrc/decode_gemm.c): the rollout's decode-step products
+(`rollout.decode_kernel`, :func:`pack` and :func:`matmul`) and the update's weight gradients added into ``.grad``
+(`train.grad_kernel`, :func:`grad_accumulate`).
 
 At a decode step's few rows (16 for G = 8 and 2 prompts) every weight is read once from memory for 16 multiply-adds.
 oneDNN's packed kernel, which the rollout used for these products, measured on the 2-core AMD EPYC (Zen 5) host as if
@@ -55,9 +57,6 @@ class PanelWeight:
     def __init__(self, panels: torch.Tensor, shape: torch.Size):
         self.panels, self.shape = panels, shape
         self.dtype, self.device = panels.dtype, panels.device
-
-    def nbytes(self) -> int:
-        return self.panels.numel() * self.panels.element_size()
 
 
 def configure(decode: str = "auto", grad: str = "auto") -> None:

@@ -1,4 +1,5 @@
-/* Decode-step products for the CPU rollout: y[M, N] = x[M, K] W^T (+ bias), float32, few rows (M <= 64).
+/* grpo's CPU GEMMs (float32, AVX-512): decode-step products for the rollout, y[M, N] = x[M, K] W^T (+ bias) for few
+ * rows (M <= 64), and weight gradients added in place, dW += dY^T X (grpo_grad_accumulate, below).
  *
  * Built at run time by grpo/modeling/native_gemm.py (cc -O3 -march=native -fopenmp) and called through ctypes.
  * Why: at 16 rows a decode step's products read every weight once and do 16 multiply-adds per weight, about as
