@@ -115,6 +115,28 @@ def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: i
     return target
 
 
+def add_weight_grad_(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: int | None = None,
+                     whole: bool = False) -> None:
+    """param.grad += a^T b in place (`train.grad_in_place` for oneDNN-switched layers). The native kernel
+    (`train.grad_kernel`, :func:`native_grads`) adds into ``.grad``, zeroed first when there is none yet (as a
+    gradient buffer would give it: the same sums either way). Through oneDNN the first product becomes ``.grad`` (no
+    zero fill, no add pass) and later ones are added: in blocks (:func:`add_product_`), or as one whole product
+    (`whole`, the lean SwiGLU's). `rows`: the first rows of a and b that are not zero padding.
+
+    Shape: param [N, K], a [M, N], b [M, K]
+    """
+    if native_grads(param.data if param.grad is None else param.grad, a, b):
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        add_product_(param.grad, a, b, rows)                                 # native
+    elif param.grad is None:
+        param.grad = _dnn(a.t(), b.t())
+    elif whole:
+        param.grad.add_(_dnn(a.t(), b.t()))
+    else:
+        add_product_(param.grad, a, b)
+
+
 class _DnnLinearFn(torch.autograd.Function):
     """y = x W^T + b with every GEMM (forward and both gradients) through oneDNN. With `into`
     (`train.grad_in_place`, leaf parameters) dW and db go into ``.grad`` in place and autograd receives None for
@@ -145,12 +167,8 @@ class _DnnLinearFn(torch.autograd.Function):
             xp = pad_rows(x2, rows + pad)                                    # [M', K]
             if ctx.into is None:
                 gw = _dnn(gp.t(), xp.t())                                    # [N, K] = dY^T X
-            elif ctx.into[0].grad is None and not native_gemm.active("grad"):   # the first micro-batch's product
-                ctx.into[0].grad = _dnn(gp.t(), xp.t())                      # is .grad: no zero fill, no add pass
             else:
-                if ctx.into[0].grad is None:     # as from a gradient buffer: the same sums, bit for bit, either way
-                    ctx.into[0].grad = torch.zeros_like(weight)
-                add_product_(ctx.into[0].grad, gp, xp, rows)                 # .grad += dY^T X
+                add_weight_grad_(ctx.into[0], gp, xp, rows)                  # .grad += dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(dim=0)                                               # [N]
             if ctx.into is not None:

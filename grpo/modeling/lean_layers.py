@@ -26,8 +26,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling import native_gemm
-from grpo.modeling.cpu_kernels import PLAIN_LINEARS, DnnLinear, _dnn, _eligible, native_grads
+from grpo.modeling.cpu_kernels import PLAIN_LINEARS, DnnLinear, _dnn, _eligible, add_weight_grad_
 from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad
 
 #: RMSNorm classes whose forward is  weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype).
@@ -99,18 +98,8 @@ class SwiGLUFn(torch.autograd.Function):
         """
         if not ctx.needs_input_grad[i]:
             return None
-        if ctx.into and ctx.onednn:
-            param = ctx.params[i - 1]
-            if native_grads(param.data if param.grad is None else param.grad, a, b):   # `train.grad_kernel`
-                if param.grad is None:          # as from a gradient buffer: the same sums, bit for bit, either way
-                    param.grad = torch.zeros_like(param)
-                native_gemm.grad_accumulate(param.grad, a, b)                  # .grad += a^T b in place
-                return None
-            product = _dnn(a.t(), b.t())     # oneDNN has no out=: the whole product becomes .grad or is added to it
-            if param.grad is None:
-                param.grad = product
-            else:
-                param.grad.add_(product)
+        if ctx.into and ctx.onednn:    # the native kernel, or oneDNN's whole product made .grad or added to it
+            add_weight_grad_(ctx.params[i - 1], a, b, whole=True)
             return None
         if ctx.into:
             accumulate_grad(ctx.params[i - 1], a.t(), b)
