@@ -199,6 +199,8 @@ def validate(cfg: Config) -> None:
         (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),
         (cfg.rollout.decode_kernel in ("auto", "native", "onednn"), "rollout.decode_kernel must be auto | native | onednn"),
         (cfg.train.grad_kernel in ("auto", "native", "onednn"), "train.grad_kernel must be auto | native | onednn"),
+        (cfg.train.elementwise_kernel in ("auto", "native", "torch"),
+         "train.elementwise_kernel must be auto | native | torch"),
         (cfg.model.attn_implementation in ("auto", "eager", "sdpa", "flash_attention_2"),
          "model.attn_implementation must be auto | eager | sdpa | flash_attention_2"),
         (cfg.model.attn_implementation != "flash_attention_2" or cfg.model.dtype in ("bfloat16", "float16"),

@@ -237,6 +237,11 @@ class TrainConfig:
                           "builds, else onednn) | native (grpo's own AVX-512 kernel, the one of rollout.decode_kernel: "
                           "dW += dY^T X read in place, no transposed copies or product temporaries; an error where it "
                           "cannot run) | onednn (products in blocks, then added).")
+    elementwise_kernel: str = _f("auto", "CPU runtime: the update's float32 elementwise passes of the lean SwiGLU MLP "
+                                 "(train.lean_layers) and the fused LM head (log-softmax, entropy, dL/dlogits): auto "
+                                 "(native where it builds, else torch) | native (grpo's own AVX-512 kernels, built with "
+                                 "rollout.decode_kernel's: one pass over memory each, no temporaries; an error where "
+                                 "they cannot run) | torch (torch's operators).")
     grad_buffer: bool = _f(True, "CPU runtime, one process: the update's gradients start as zeroed views of one flat "
                            "buffer instead of tensors made one by one in the first backward pass (same values). Those "
                            "land in the holes the first micro-batch's activations leave, and the heap grows by part of "

@@ -118,17 +118,19 @@ def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: i
 def add_weight_grad_(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: int | None = None,
                      whole: bool = False) -> None:
     """param.grad += a^T b in place (`train.grad_in_place` for oneDNN-switched layers). The native kernel
-    (`train.grad_kernel`, :func:`native_grads`) adds into ``.grad``, zeroed first when there is none yet (as a
-    gradient buffer would give it: the same sums either way). Through oneDNN the first product becomes ``.grad`` (no
-    zero fill, no add pass) and later ones are added: in blocks (:func:`add_product_`), or as one whole product
+    (`train.grad_kernel`, :func:`native_grads`) adds into ``.grad``, or stores the first product into a new one
+    (the sums adding to zeros would give, without the zero fill). Through oneDNN the first product becomes ``.grad``
+    (no zero fill, no add pass) and later ones are added: in blocks (:func:`add_product_`), or as one whole product
     (`whole`, the lean SwiGLU's). `rows`: the first rows of a and b that are not zero padding.
 
     Shape: param [N, K], a [M, N], b [M, K]
     """
     if native_grads(param.data if param.grad is None else param.grad, a, b):
         if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        add_product_(param.grad, a, b, rows)                                 # native
+            grad = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+            param.grad = native_gemm.grad_accumulate(grad, a[:rows], b[:rows], overwrite=True)
+        else:
+            add_product_(param.grad, a, b, rows)                             # native
     elif param.grad is None:
         param.grad = _dnn(a.t(), b.t())
     elif whole:

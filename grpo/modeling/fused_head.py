@@ -44,7 +44,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling.cpu_kernels import DnnLinear, _dnn, _eligible, add_product_, block_size
+from grpo.modeling import native_elementwise, native_gemm
+from grpo.modeling.cpu_kernels import DnnLinear, _dnn, _eligible, add_product_, block_size, native_grads
 from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad, add_upcast_
 from grpo.modeling.workspace import held
 
@@ -93,6 +94,7 @@ class _Products:
     def __init__(self, head_weight: torch.Tensor, cast: torch.Tensor | None, bias: torch.Tensor | None,
                  lowp: torch.dtype | None, k: int, onednn: bool = False):
         self.lowp, self.onednn = lowp, onednn and lowp is None
+        self.shape, self.dtype = head_weight.shape, head_weight.dtype
         if lowp is None:
             self.w, self.b, self.low = head_weight, bias, None
         else:                                            # the update's one cast (DnnLinear.cast_weight), else one here
@@ -131,6 +133,16 @@ class _Products:
             torch.mm(dz, self.w, out=out)
         else:
             out.copy_(torch.mm(dz, self.w))
+
+    def new_grad_weight(self, dz: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """dL/dW = dz^T h as a new float32 tensor of the weight's shape: stored by the native kernel
+        (`train.grad_kernel`) with no zero fill, else zeros plus :meth:`add_grad_weight`.
+        Shape: dz [n, V], h [n, H] -> [V, H]"""
+        target = torch.empty(self.shape, dtype=self.dtype, device=h.device)
+        if self.onednn and native_grads(target, dz, h):
+            return native_gemm.grad_accumulate(target, dz, h, overwrite=True)
+        self.add_grad_weight(target.zero_(), dz, h)
+        return target
 
     def add_grad_weight(self, target: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
         """target += dL/dW = dz^T h, in place: one ``addmm_``; in bfloat16, :data:`VOCAB_BLOCK` vocabulary rows at a
@@ -192,33 +204,42 @@ class _HeadLogprobs(torch.autograd.Function):
             g_logp = hidden.new_zeros(M)
         if not ctx.with_entropy:
             g_entropy = None                                                   # its output was constant zeros
+        g_logp = g_logp.contiguous()                                           # [M] (a sum's gradient is expanded)
+        g_entropy = None if g_entropy is None else g_entropy.contiguous()
         dh = torch.empty_like(hidden) if need_h else None
         dw = torch.zeros_like(weight) if need_w and not into else None
         db = torch.zeros_like(bias) if need_b and not into else None
-        k, buf, probs = _workspace(hidden, V, ctx.chunk, g_entropy is not None)
+        native = _native(hidden, g_logp, g_entropy, entropy)
+        k, buf, probs = _workspace(hidden, V, ctx.chunk, g_entropy is not None and not native)
         products = _Products(weight, ctx.cast, bias, ctx.lowp, k, ctx.onednn)
         kept = ctx.kept if ctx.kept is not None and ctx.kept[1]._version == ctx.kept[2] else None
         for s in reversed(range(0, M, k)):                                     # the forward's last chunk first
             e = min(s + k, M)
             h, gy = hidden[s:e], g_logp[s:e, None]                            # [n, H], [n, 1]
             if kept is not None and s == kept[0]:
-                dz = kept[1]                                                   # log p as the forward left it
+                dz, shift = kept[1], None                                      # log p as the forward left it
             else:
-                dz = products.logits_into(buf[:e - s], h, tau).sub_(lse[s:e, None])       # log p  [n, V]
-            if g_entropy is None:
-                dz.exp_().mul_(-gy)                                            # -g_y p
+                dz, shift = products.logits_into(buf[:e - s], h, tau), lse[s:e]          # logits  [n, V]
+            if native:                                                         # one pass per row, in L2
+                native_elementwise.head_grad_rows_(dz, shift, g_logp[s:e], None if g_entropy is None
+                                                   else g_entropy[s:e], entropy[s:e], tokens[s:e], tau)
             else:
-                p = torch.exp(dz, out=probs[:e - s])
-                dz.add_(entropy[s:e, None]).mul_(g_entropy[s:e, None]).add_(gy).mul_(p).neg_()  # -p (g_y + g_H (log p + H))
-            dz.scatter_add_(1, tokens[s:e, None], gy)                         # + g_y e_y
-            if tau > 0 and tau != 1.0:
-                dz.div_(tau)                                                   # dL/dlogits
+                if shift is not None:
+                    dz.sub_(shift[:, None])                                    # log p
+                if g_entropy is None:
+                    dz.exp_().mul_(-gy)                                        # -g_y p
+                else:
+                    p = torch.exp(dz, out=probs[:e - s])
+                    dz.add_(entropy[s:e, None]).mul_(g_entropy[s:e, None]).add_(gy).mul_(p).neg_()  # -p (g_y + g_H (log p + H))
+                dz.scatter_add_(1, tokens[s:e, None], gy)                     # + g_y e_y
+                if tau > 0 and tau != 1.0:
+                    dz.div_(tau)                                               # dL/dlogits
             dzp = products.operand(dz) if need_h or need_w else dz             # bf16 products: rounded once
             if need_h:
                 products.grad_hidden_into(dh[s:e], dzp)                        # [n, H] = dL/dlogits W
-            if need_w:                                                         # [V, H] += dL/dlogits^T h
-                if into and weight.grad is None:
-                    weight.grad = torch.zeros_like(weight)                    # once per update, as dw below
+            if need_w and into and weight.grad is None:                        # [V, H] = dL/dlogits^T h, once per update
+                weight.grad = products.new_grad_weight(dzp, h)
+            elif need_w:                                                       # [V, H] += dL/dlogits^T h
                 products.add_grad_weight(weight.grad if into else dw, dzp, h)
             if need_b:
                 accumulate_grad(bias, dz.sum(dim=0)) if into else db.add_(dz.sum(dim=0))
@@ -229,8 +250,9 @@ def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cas
     """logp_y [M], entropy [M] (zeros if not asked), lse [M] of every row, `chunk` rows at a time in one buffer;
     with the entropy, also (start, log p [n, V]) of the last chunk, which the buffer still holds (else None)."""
     M, V = hidden.shape[0], weight.shape[0]
-    k, buf, probs = _workspace(hidden, V, chunk, with_entropy)
     logp, lse, entropy = hidden.new_empty(M), hidden.new_empty(M), hidden.new_zeros(M)
+    native = _native(hidden)
+    k, buf, probs = _workspace(hidden, V, chunk, with_entropy and not native)
     last = None
     with torch.no_grad():
         products = _Products(weight, cast, bias, lowp, k, onednn)
@@ -238,13 +260,23 @@ def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cas
             e = min(s + k, M)
             z = products.logits_into(buf[:e - s], hidden[s:e], temperature)          # [n, V]
             z_y = z.gather(1, tokens[s:e, None]).squeeze(1)                           # [n]
-            lse[s:e] = _logsumexp(z, probs[:e - s] if with_entropy else None)         # z kept only if needed
+            if native:                           # lse, H and (with H) log p in place, a row at a time in L2
+                native_elementwise.log_softmax_rows_(z, lse[s:e], entropy[s:e] if with_entropy else None,
+                                                     with_entropy)
+            else:
+                lse[s:e] = _logsumexp(z, probs[:e - s] if with_entropy else None)     # z kept only if needed
+                if with_entropy:
+                    z.sub_(lse[s:e, None])                                             # log p
+                    entropy[s:e] = -torch.exp(z, out=probs[:e - s]).mul_(z).sum(dim=-1)  # -sum p log p
             logp[s:e] = z_y - lse[s:e]
             if with_entropy:
-                z.sub_(lse[s:e, None])                                                 # log p
-                entropy[s:e] = -torch.exp(z, out=probs[:e - s]).mul_(z).sum(dim=-1)   # -sum p log p
                 last = (s, z)
     return logp, entropy, lse, last
+
+
+def _native(*tensors: torch.Tensor | None) -> bool:
+    """The head's elementwise passes run in grpo's native kernels (`train.elementwise_kernel`): float32 CPU."""
+    return native_elementwise.applies(*tensors)
 
 
 def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,

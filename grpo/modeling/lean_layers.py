@@ -26,6 +26,7 @@ import types
 import torch
 import torch.nn.functional as F
 
+from grpo.modeling import native_elementwise
 from grpo.modeling.cpu_kernels import PLAIN_LINEARS, DnnLinear, _dnn, _eligible, add_weight_grad_
 from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad
 
@@ -44,6 +45,10 @@ class RMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if native_elementwise.applies(x, weight):                                # one pass (train.elementwise_kernel)
+            y, r = native_elementwise.rms_norm_forward(x, weight, eps)
+            ctx.save_for_backward(x, weight, r)
+            return y
         xf = x.float()
         r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)                 # [..., 1]
         ctx.save_for_backward(x, weight, r)
@@ -52,6 +57,10 @@ class RMSNormFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         x, weight, r = ctx.saved_tensors
+        gy = gy.contiguous()
+        if native_elementwise.applies(gy, x, weight):
+            gx, gw = native_elementwise.rms_norm_backward(gy, x, weight, r, *ctx.needs_input_grad[:2])
+            return gx, gw, None
         h = x.float() * r                                                        # [..., H]
         gx = gw = None
         if ctx.needs_input_grad[1]:
@@ -88,7 +97,8 @@ class SwiGLUFn(torch.autograd.Function):
         ctx.save_for_backward(x, g, u, wg, wu, wd)
         ctx.onednn, ctx.into = onednn, into
         ctx.params = (wg, wu, wd) if into else None  # the leaves themselves: saved tensors may come back as aliases
-        return _gemm(onednn, F.silu(g).mul_(u), wd)                              # [M, H]
+        a = native_elementwise.swiglu_forward(g, u) if native_elementwise.applies(g, u) else F.silu(g).mul_(u)
+        return _gemm(onednn, a, wd)                                              # [M, H]
 
     @staticmethod
     def _weight_grad(ctx, i: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
@@ -111,15 +121,20 @@ class SwiGLUFn(torch.autograd.Function):
         x, g, u, wg, wu, wd = ctx.saved_tensors
         mm = ctx.onednn
         gy = gy.contiguous()
-        s = torch.sigmoid(g)
-        gs = g * s                                                               # silu(g)
         ga = _gemm(mm, gy, wd.t())                                               # [M, I] = gy Wd
-        gwd = SwiGLUFn._weight_grad(ctx, 3, gy, gs * u)                          # [H, I] = gy^T a
-        du = ga * gs
-        ds = torch.addcmul(gs, s, gs, value=-1).add_(s)          # silu'(g) = s (1 + g (1 - s)) = gs - s gs + s
-        del gs, s
-        dg = ga.mul_(u).mul_(ds)                                                 # in place: ga is spent
-        del ds
+        if native_elementwise.applies(g, u, ga):                                 # one pass (train.elementwise_kernel)
+            dg, du, a = native_elementwise.swiglu_backward_(g, u, ga)
+            gwd = SwiGLUFn._weight_grad(ctx, 3, gy, a)                           # [H, I] = gy^T a
+            del a
+        else:
+            s = torch.sigmoid(g)
+            gs = g * s                                                           # silu(g)
+            gwd = SwiGLUFn._weight_grad(ctx, 3, gy, gs * u)                      # [H, I] = gy^T a
+            du = ga * gs
+            ds = torch.addcmul(gs, s, gs, value=-1).add_(s)      # silu'(g) = s (1 + g (1 - s)) = gs - s gs + s
+            del gs, s
+            dg = ga.mul_(u).mul_(ds)                                             # in place: ga is spent
+            del ds
         gx = _gemm(mm, dg, wg.t()).add_(_gemm(mm, du, wu.t())) if ctx.needs_input_grad[0] else None   # [M, H]
         gwg = SwiGLUFn._weight_grad(ctx, 1, dg, x)                               # [I, H] = dg^T x
         gwu = SwiGLUFn._weight_grad(ctx, 2, du, x)                               # [I, H] = du^T x

@@ -1,6 +1,7 @@
 """grpo's own CPU GEMMs on AVX-512 (grpo/modeling/csrc/decode_gemm.c): the rollout's decode-step products
 (`rollout.decode_kernel`, :func:`pack` and :func:`matmul`) and the update's weight gradients added into ``.grad``
-(`train.grad_kernel`, :func:`grad_accumulate`).
+(`train.grad_kernel`, :func:`grad_accumulate`); and the build of the one library that holds them with the update's
+fused elementwise passes (csrc/elementwise.c, `train.elementwise_kernel`, grpo.modeling.native_elementwise).
 
 At a decode step's few rows (16 for G = 8 and 2 prompts) every weight is read once from memory for 16 multiply-adds.
 oneDNN's packed kernel, which the rollout used for these products, measured on the 2-core AMD EPYC (Zen 5) host as if
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "decode_gemm.c"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_gemm.c", "elementwise.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 #: Output columns per packed panel (one AVX-512 vector of float32).
 LANES = 16
@@ -42,9 +43,11 @@ MAX_ROWS = 64
 #: `rollout.decode_kernel` and `train.grad_kernel` values.
 MODES = ("auto", "native", "onednn")
 #: What each use of the kernels is called in the config.
-KEYS = {"decode": "rollout.decode_kernel", "grad": "train.grad_kernel"}
+KEYS = {"decode": "rollout.decode_kernel", "grad": "train.grad_kernel", "elementwise": "train.elementwise_kernel"}
+#: Each use's values: its fallback is oneDNN's GEMMs or torch's operators.
+USE_MODES = {"decode": MODES, "grad": MODES, "elementwise": ("auto", "native", "torch")}
 
-_modes = {"decode": "auto", "grad": "auto"}
+_modes = {"decode": "auto", "grad": "auto", "elementwise": "auto"}
 
 
 class PanelWeight:
@@ -59,22 +62,24 @@ class PanelWeight:
         self.dtype, self.device = panels.dtype, panels.device
 
 
-def configure(decode: str = "auto", grad: str = "auto") -> None:
-    """Set `rollout.decode_kernel` (`decode`) and `train.grad_kernel` (`grad`) for this process, each auto (the
-    native kernel where it builds, else oneDNN), native (the native kernel; an error naming the reason where it
-    cannot run) or onednn."""
-    for use, mode in (("decode", decode), ("grad", grad)):
-        if mode not in MODES:
-            raise ValueError(f"{KEYS[use]}: '{mode}' is not one of {' | '.join(MODES)}")
+def configure(decode: str = "auto", grad: str = "auto", elementwise: str = "auto") -> None:
+    """Set `rollout.decode_kernel` (`decode`), `train.grad_kernel` (`grad`) and `train.elementwise_kernel`
+    (`elementwise`) for this process, each auto (the native kernel where it builds, else the fallback), native (the
+    native kernel; an error naming the reason where it cannot run) or the fallback: onednn, or torch for the
+    elementwise passes."""
+    for use, mode in (("decode", decode), ("grad", grad), ("elementwise", elementwise)):
+        if mode not in USE_MODES[use]:
+            raise ValueError(f"{KEYS[use]}: '{mode}' is not one of {' | '.join(USE_MODES[use])}")
         if mode == "native" and library() is None:
             raise RuntimeError(f"{KEYS[use]}: native is not available here: {unavailable_reason()}")
-    _modes.update(decode=decode, grad=grad)
+    _modes.update(decode=decode, grad=grad, elementwise=elementwise)
 
 
 def active(use: str = "decode") -> bool:
-    """Whether the native kernel serves `use`: decode (rollouts pack their float32 weights for :func:`matmul`) or
-    grad (weight gradients accumulate through :func:`grad_accumulate`): its mode allows it and it is built."""
-    return _modes[use] != "onednn" and library() is not None
+    """Whether the native kernel serves `use`: decode (rollouts pack their float32 weights for :func:`matmul`),
+    grad (weight gradients accumulate through :func:`grad_accumulate`) or elementwise (the update's fused passes,
+    grpo.modeling.native_elementwise): its mode allows it and it is built."""
+    return _modes[use] not in ("onednn", "torch") and library() is not None
 
 
 def unavailable_reason() -> str | None:
@@ -111,14 +116,16 @@ def _cpu_signature() -> str:
 
 
 def _compile(cc: str, target: Path) -> None:
-    """Compile SOURCE into `target` (written beside it first and renamed: concurrent processes never load half)."""
+    """Compile SOURCES into `target` (written beside it first and renamed: concurrent processes never load half)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True,
+                              timeout=300)
         if proc.returncode:
-            raise RuntimeError(f"{cc} failed on {SOURCE}: {proc.stderr.strip().splitlines()[-1:]}")
+            raise RuntimeError(f"{cc} failed on {', '.join(p.name for p in SOURCES)}: "
+                               f"{proc.stderr.strip().splitlines()[-1:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -139,8 +146,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return None, "no C compiler (set CC, or install gcc)"
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), cc, version, _cpu_signature()])
-                             .encode()).hexdigest()[:20]
+        key = hashlib.sha256("\0".join([*(p.read_text() for p in SOURCES), " ".join(FLAGS), cc, version,
+                                        _cpu_signature()]).encode()).hexdigest()[:20]
         target = _cache_dir() / f"decode_gemm-{key}.so"
         if not target.exists():
             _compile(cc, target)
@@ -153,8 +160,16 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.grpo_panel_matmul.argtypes = [ptr, n, n, ptr, n, ptr, ptr]
     lib.grpo_panel_matmul.restype = ctypes.c_int
     lib.grpo_panel_threads.restype = ctypes.c_int
-    lib.grpo_grad_accumulate.argtypes = [ptr, ptr, ptr, n, n, n]
+    lib.grpo_grad_accumulate.argtypes = [ptr, ptr, ptr, n, n, n, ctypes.c_int]
     lib.grpo_grad_accumulate.restype = None
+    for name, args in (("grpo_exp", [ptr, ptr, n]), ("grpo_swiglu_forward", [ptr, ptr, ptr, n]),
+                       ("grpo_swiglu_backward", [ptr, ptr, ptr, ptr, ptr, n]),
+                       ("grpo_log_softmax_rows", [ptr, n, n, ptr, ptr, ctypes.c_int]),
+                       ("grpo_head_grad_rows", [ptr, n, n, ptr, ptr, ptr, ptr, ptr, ctypes.c_float]),
+                       ("grpo_rms_norm_forward", [ptr, ptr, ptr, ptr, n, n, ctypes.c_float]),
+                       ("grpo_rms_norm_backward", [ptr, ptr, ptr, ptr, ptr, ptr, n, n])):
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = None
     return lib, None
 
 
@@ -197,9 +212,10 @@ def matmul(x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None = Non
     return out.view(*x.shape[:-1], n)
 
 
-def grad_accumulate(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def grad_accumulate(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> torch.Tensor:
     """target += a^T b in place, both operands read where they are (no transposed copies, no product temporary):
-    a weight gradient dW += dY^T X. Each element is summed over the rows in order by one thread.
+    a weight gradient dW += dY^T X. Each element is summed over the rows in order by one thread. `overwrite`:
+    target = a^T b (what adding to zeros gives, without the zero fill; target's old values are never read).
 
     Shape: target [N, K], a [M, N], b [M, K], all float32 contiguous on the CPU -> target
     """
@@ -210,5 +226,7 @@ def grad_accumulate(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> t
     if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in (target, a, b)):
         raise ValueError("native_gemm.grad_accumulate: needs contiguous float32 CPU tensors")
     if m and target.numel():
-        library().grpo_grad_accumulate(target.data_ptr(), a.data_ptr(), b.data_ptr(), m, n, b.shape[1])
+        library().grpo_grad_accumulate(target.data_ptr(), a.data_ptr(), b.data_ptr(), m, n, b.shape[1], overwrite)
+    elif overwrite:
+        target.zero_()
     return target

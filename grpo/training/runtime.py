@@ -91,7 +91,8 @@ class CpuRuntime:
         if self.cfg.train.num_threads:
             torch.set_num_threads(self.cfg.train.num_threads)
         warm_vml()           # before any parallel first call of cos, exp, ...: see grpo/modeling/vml_warmup.py
-        native_gemm.configure(self.cfg.rollout.decode_kernel, self.cfg.train.grad_kernel)   # built on first use
+        native_gemm.configure(self.cfg.rollout.decode_kernel, self.cfg.train.grad_kernel,     # built on first use
+                              self.cfg.train.elementwise_kernel)
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         """The policy on the CPU with oneDNN float32 linears where they are faster (`model.cpu_matmul`), the others

@@ -16,11 +16,17 @@ def rms_norm_64(x, w, eps):
     return w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def test_rms_norm_matches_float64_formula_and_its_gradients():
+@pytest.mark.parametrize("mode,h", [("auto", 16), ("auto", 100), ("torch", 16)])
+def test_rms_norm_matches_float64_formula_and_its_gradients(monkeypatch, mode, h):
+    """Through grpo's native passes (`train.elementwise_kernel` auto, where built; 100 features: vector tails and a
+    partial column block) or torch's operators."""
+    from grpo.modeling import native_gemm
+
+    monkeypatch.setitem(native_gemm._modes, "elementwise", mode)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 5, 16, generator=g).requires_grad_()
-    w = (1 + 0.1 * torch.randn(16, generator=g)).requires_grad_()
-    gy = torch.randn(3, 5, 16, generator=g)
+    x = torch.randn(3, 5, h, generator=g).requires_grad_()
+    w = (1 + 0.1 * torch.randn(h, generator=g)).requires_grad_()
+    gy = torch.randn(3, 5, h, generator=g)
     y = RMSNormFn.apply(x, w, 1e-6)
     gx, gw = torch.autograd.grad(y, (x, w), gy)
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
@@ -94,7 +100,7 @@ def test_onednn_mlp_weight_gradients_go_into_grad_in_place_over_micro_batches(in
     monkeypatch.setitem(native_gemm._modes, "grad", kernel)
     native_calls = []
     real_accumulate = native_gemm.grad_accumulate
-    monkeypatch.setattr(native_gemm, "grad_accumulate", lambda *a: native_calls.append(1) or real_accumulate(*a))
+    monkeypatch.setattr(native_gemm, "grad_accumulate", lambda *a, **k: native_calls.append(1) or real_accumulate(*a, **k))
     stock = tiny_qwen2().train()
     lean = copy.deepcopy(stock)
     use_lean_layers(lean)

@@ -155,3 +155,16 @@ def test_grad_accumulate_is_thread_count_independent_and_checks_its_operands():
         native_gemm.grad_accumulate(torch.zeros(300, 95), a, b)
     with pytest.raises(ValueError, match="contiguous float32 CPU"):
         native_gemm.grad_accumulate(torch.zeros(96, 300).t(), a, b)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,n,k", [(33, 29, 70), (64, 5000, 32), (0, 3, 4)])
+@torch.no_grad()
+def test_grad_accumulate_overwrite_stores_what_adding_to_zeros_gives(rows, n, k):
+    """`overwrite`: target = a^T b, bit for bit the sums added to a zeroed target, whatever the target held (NaN
+    here: never read), in the tiles and in the plain-loop tail; no rows: zeros."""
+    g = torch.Generator().manual_seed(rows + n)
+    a, b = torch.randn(rows, n, generator=g), torch.randn(rows, k, generator=g)
+    added = native_gemm.grad_accumulate(torch.zeros(n, k), a, b)
+    stored = native_gemm.grad_accumulate(torch.full((n, k), float("nan")), a, b, overwrite=True)
+    assert torch.equal(stored, added) and (rows or not stored.any())

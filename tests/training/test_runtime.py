@@ -77,21 +77,25 @@ def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
 
 
 def test_cpu_runtime_sets_the_decode_kernel(monkeypatch):
-    """`rollout.decode_kernel` and `train.grad_kernel` are the CPU runtime's to apply (process-wide), before the first rollout."""
+    """`rollout.decode_kernel`, `train.grad_kernel` and `train.elementwise_kernel` are the CPU runtime's to apply
+    (process-wide), before the first rollout."""
     from grpo.modeling import native_gemm
 
     monkeypatch.setattr(native_gemm, "_modes", dict(native_gemm._modes))
-    CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.decode_kernel": "onednn", "train.grad_kernel": "onednn"})).prepare_process()
-    assert native_gemm._modes == {"decode": "onednn", "grad": "onednn"} and not native_gemm.active("decode")
-    assert not native_gemm.active("grad")
+    CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.decode_kernel": "onednn", "train.grad_kernel": "onednn",
+                                                            "train.elementwise_kernel": "torch"})).prepare_process()
+    assert native_gemm._modes == {"decode": "onednn", "grad": "onednn", "elementwise": "torch"}
+    assert not any(native_gemm.active(use) for use in ("decode", "grad", "elementwise"))
     CpuRuntime(torch.device("cpu"), build_config()).prepare_process()
     built = native_gemm.library() is not None
-    assert native_gemm._modes == {"decode": "auto", "grad": "auto"} and native_gemm.active("decode") == built
-    assert native_gemm.active("grad") == built
+    assert native_gemm._modes == {"decode": "auto", "grad": "auto", "elementwise": "auto"}
+    assert all(native_gemm.active(use) == built for use in ("decode", "grad", "elementwise"))
     with pytest.raises(ValueError, match=re.escape("rollout.decode_kernel must be auto | native | onednn")):
         build_config(overrides={"rollout.decode_kernel": "mkl"})
     with pytest.raises(ValueError, match=re.escape("train.grad_kernel must be auto | native | onednn")):
         build_config(overrides={"train.grad_kernel": "mkl"})
+    with pytest.raises(ValueError, match=re.escape("train.elementwise_kernel must be auto | native | torch")):
+        build_config(overrides={"train.elementwise_kernel": "onednn"})
 
 
 def test_attention_kernel_choice():

@@ -57,7 +57,7 @@ def test_update_releases_the_lm_heads_kept_buffers():
     batch = make_batch()
     workspace.release()
     completion_logprobs(model, batch.input_ids, batch.attention_mask, 5, with_entropy=True)
-    assert {"head.logits", "head.probs"} <= workspace.held_names()         # kept after a call
+    assert "head.logits" in workspace.held_names()     # kept after a call (and head.probs without native passes)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     policy_update(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch, AlgorithmConfig(beta=0.0),
                   temperature=1.0, micro_batch_size=2, max_grad_norm=0.0)

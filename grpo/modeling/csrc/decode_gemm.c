@@ -127,13 +127,17 @@ int grpo_panel_threads(void) {
 #define GRAD_ROWS 14  /* target rows per register tile (a's columns, broadcast) */
 #define GRAD_COLS 32  /* target columns per register tile: two vectors */
 
-/* One tile: target rows n0..n0+rows-1, columns k0..k0+31, summed over all m in order, then added to target. */
+/* One tile: target rows n0..n0+rows-1, columns k0..k0+31, summed over all m in order, then added to
+ * target (or, with `overwrite`, stored: the same values as adding to zeros, without the zero fill). */
 static inline __attribute__((always_inline)) void grad_tile(const float *a, long lda, const float *b, long ldb,
-                                                            long m, int rows, float *t, long ldt) {
+                                                            long m, int rows, float *t, long ldt,
+                                                            int overwrite) {
     vec lo[GRAD_ROWS], hi[GRAD_ROWS];
     for (int r = 0; r < rows; r++) {   /* the target's lines (a gradient, often cold) arrive while the sums run */
-        __builtin_prefetch(t + r * ldt, 1, 3);
-        __builtin_prefetch(t + r * ldt + LANES, 1, 3);
+        if (!overwrite) {
+            __builtin_prefetch(t + r * ldt, 1, 3);
+            __builtin_prefetch(t + r * ldt + LANES, 1, 3);
+        }
         lo[r] = hi[r] = (vec){0};
     }
     for (long i = 0; i < m; i++) {
@@ -144,21 +148,29 @@ static inline __attribute__((always_inline)) void grad_tile(const float *a, long
             hi[r] += ai[r] * b1;
         }
     }
-    for (int r = 0; r < rows; r++) {
-        *(vec *)(t + r * ldt) += lo[r];
-        *(vec *)(t + r * ldt + LANES) += hi[r];
+    if (overwrite) {
+        for (int r = 0; r < rows; r++) {
+            *(vec *)(t + r * ldt) = lo[r];
+            *(vec *)(t + r * ldt + LANES) = hi[r];
+        }
+    } else {
+        for (int r = 0; r < rows; r++) {
+            *(vec *)(t + r * ldt) += lo[r];
+            *(vec *)(t + r * ldt + LANES) += hi[r];
+        }
     }
 }
 
-#define GRAD_CASE(R) case R: grad_tile(a + n0, n, b + k0, k, m, R, target + n0 * k + k0, k); break;
+#define GRAD_CASE(R) case R: grad_tile(a + n0, n, b + k0, k, m, R, target + n0 * k + k0, k, overwrite); break;
 
-/* target [n, k] += a [m, n]^T b [m, k]: each element summed over m in order by one thread, then added (results do
- * not depend on the thread count). a's columns go in blocks of about GRAD_BLOCK_BYTES (m x columns x 4 bytes) that
- * stay in L2 while every 32-column panel of b is multiplied by them: a [256, 32768] LM-head gradient read a whole
- * for each panel came from memory 24 times. Columns of b past the last multiple of 32 are summed in plain loops. */
+/* target [n, k] += a [m, n]^T b [m, k] (`overwrite`: target = a^T b): each element summed over m in order by one
+ * thread, then added (results do not depend on the thread count). a's columns go in blocks of about
+ * GRAD_BLOCK_BYTES (m x columns x 4 bytes) that stay in L2 while every 32-column panel of b is multiplied by them:
+ * a [256, 32768] LM-head gradient read a whole for each panel came from memory 24 times. Columns of b past the last
+ * multiple of 32 are summed in plain loops. m = 0 with `overwrite` leaves target to the caller (to zero). */
 #define GRAD_BLOCK_BYTES (1L << 20)
 
-void grpo_grad_accumulate(float *target, const float *a, const float *b, long m, long n, long k) {
+void grpo_grad_accumulate(float *target, const float *a, const float *b, long m, long n, long k, int overwrite) {
     long panels = k / GRAD_COLS;
     long block = GRAD_BLOCK_BYTES / (4 * (m > 0 ? m : 1)) / GRAD_ROWS * GRAD_ROWS;
     if (block < GRAD_ROWS) block = GRAD_ROWS;
@@ -185,7 +197,7 @@ void grpo_grad_accumulate(float *target, const float *a, const float *b, long m,
                 for (long c = panels * GRAD_COLS; c < k; c++) {
                     float s = 0.0f;
                     for (long i = 0; i < m; i++) s += a[i * n + r] * b[i * k + c];
-                    target[r * k + c] += s;
+                    target[r * k + c] = overwrite ? s : target[r * k + c] + s;
                 }
         }
     }
