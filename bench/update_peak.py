@@ -17,6 +17,9 @@ the default since 2026-11-25) unless a configuration says otherwise. Configurati
 * lean-256: the same with train.lean_layers (grpo/modeling/lean_layers.py), the defaults since 2026-11-27; weight
   gradients by `train.grad_kernel: auto` (grpo's native kernel on AVX-512 since 2026-11-28, oneDNN before);
 * lean-256-onednn: the same with `train.grad_kernel: onednn` (products in blocks, then added);
+* lean-256-torch-ops: lean-256 with `train.elementwise_kernel: torch` and `train.attention_kernel: torch`
+  (torch's elementwise operators and transformers' sdpa, the defaults before 2026-11-28; since then grpo's
+  native passes, grpo/modeling/native_elementwise.py and native_attention.py, where they build);
 * default-704 / lean-704: 704-token micro-batches (8 rows);
 * default-704-mmap1: the same with train.mmap_threshold_mb = 1;
 * hf-full: a plain Hugging Face forward+backward of the whole batch at once (full logits, log-softmax,
@@ -41,9 +44,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: name: (train.lean_layers, micro-batch tokens (-1: the whole batch in one plain pass), train.mmap_threshold_mb,
-#: train.grad_in_place[, train.grad_kernel (default auto)])
+#: train.grad_in_place[, train.grad_kernel (default auto)[, train.elementwise_kernel and train.attention_kernel
+#: (default auto)]])
 CONFIGS = {"autograd-256": (False, 256, 1, False), "default-256": (False, 0, 0, True), "mmap1-256": (False, 0, 1, True),
            "lean-256": (True, 0, 0, True), "lean-256-onednn": (True, 0, 0, True, "onednn"),
+           "lean-256-torch-ops": (True, 0, 0, True, "auto", "torch"),
            "default-704": (False, 704, 0, True), "lean-704": (True, 704, 0, True),
            "default-704-mmap1": (False, 704, 1, True), "hf-full": (False, -1, 0, False)}
 ROWS, PROMPT, NEW = 16, 24, 64
@@ -59,16 +64,18 @@ def child(name: str) -> dict:
     from grpo.modeling.lean_layers import use_lean_layers
     from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
     from grpo.modeling.models import load_policy
+    from grpo.modeling.native_attention import use_native_attention
     from grpo.training.update import micro_batch_tokens
 
     lean, tokens, mmap_mb, in_place, *kernel = CONFIGS[name]
-    grad_kernel = kernel[0] if kernel else "auto"
-    native_gemm.configure(grad=grad_kernel)
+    grad_kernel, ops_kernel = (list(kernel) + ["auto", "auto"])[:2]
+    native_gemm.configure(grad=grad_kernel, elementwise=ops_kernel, attention=ops_kernel)
     torch.set_num_threads(2)
     set_mmap_threshold(mmap_mb)
     model, _ = load_policy(str(build_bench_model("qwen2-100m", MODELS_DIR)))
     use_lean_layers(model, lean)
     use_cpu_matmul(model, "aten" if tokens < 0 else "auto", grad_in_place=in_place)
+    use_native_attention(model, tokens >= 0)                         # as the CPU runtime places the policy
     model.train()
     budget = micro_batch_tokens(tokens, model) if tokens >= 0 else -1
     gen = torch.Generator().manual_seed(0)
@@ -97,7 +104,7 @@ def child(name: str) -> dict:
         seconds.append(time.perf_counter() - t0)
         fractions.append(flops / seconds[-1] / peak)
     out = {"config": name, "lean_layers": lean, "micro_batch_tokens": budget, "mmap_threshold_mb": mmap_mb,
-           "grad_in_place": in_place, "grad_kernel": grad_kernel,
+           "grad_in_place": in_place, "grad_kernel": grad_kernel, "ops_kernel": ops_kernel,
            "fwd_bwd_s": min(seconds),
            "fraction_of_peak": max(fractions), "peak_delta_mb": rss.peak() - base}
     rss.close()

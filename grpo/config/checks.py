@@ -201,6 +201,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.grad_kernel in ("auto", "native", "onednn"), "train.grad_kernel must be auto | native | onednn"),
         (cfg.train.elementwise_kernel in ("auto", "native", "torch"),
          "train.elementwise_kernel must be auto | native | torch"),
+        (cfg.train.attention_kernel in ("auto", "native", "torch"), "train.attention_kernel must be auto | native | torch"),
         (cfg.model.attn_implementation in ("auto", "eager", "sdpa", "flash_attention_2"),
          "model.attn_implementation must be auto | eager | sdpa | flash_attention_2"),
         (cfg.model.attn_implementation != "flash_attention_2" or cfg.model.dtype in ("bfloat16", "float16"),

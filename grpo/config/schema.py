@@ -242,6 +242,11 @@ class TrainConfig:
                                  "(native where it builds, else torch) | native (grpo's own AVX-512 kernels, built with "
                                  "rollout.decode_kernel's: one pass over memory each, no temporaries; an error where "
                                  "they cannot run) | torch (torch's operators).")
+    attention_kernel: str = _f("auto", "CPU runtime: float32 causal self-attention of up to 768 positions (the update's "
+                               "passes, old and reference log-probs): auto (native where it builds, else torch) | "
+                               "native (grpo's own AVX-512 kernel, forward and backward; an error where it cannot "
+                               "run) | torch (transformers' sdpa). Longer sequences, dropout, sliding windows and other "
+                               "attention implementations always keep sdpa.")
     grad_buffer: bool = _f(True, "CPU runtime, one process: the update's gradients start as zeroed views of one flat "
                            "buffer instead of tensors made one by one in the first backward pass (same values). Those "
                            "land in the holes the first micro-batch's activations leave, and the heap grows by part of "

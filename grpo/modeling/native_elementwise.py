@@ -22,10 +22,11 @@ from grpo.modeling import native_gemm
 
 def applies(*tensors: torch.Tensor | None) -> bool:
     """The native elementwise kernels serve these tensors: `train.elementwise_kernel` allows them, the library is
-    built here, and every tensor given (None skipped) is a plain contiguous float32 CPU tensor."""
+    built here, and every tensor given (None skipped) is a plain tensor or parameter (no subclass: no DTensor),
+    contiguous, float32, on the CPU."""
     return native_gemm.active("elementwise") and all(
-        t is None or (type(t) is torch.Tensor and t.dtype == torch.float32 and t.device.type == "cpu"
-                      and t.is_contiguous()) for t in tensors)
+        t is None or (type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32
+                      and t.device.type == "cpu" and t.is_contiguous()) for t in tensors)
 
 
 def _lib():

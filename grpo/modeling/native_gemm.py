@@ -1,7 +1,8 @@
 """grpo's own CPU GEMMs on AVX-512 (grpo/modeling/csrc/decode_gemm.c): the rollout's decode-step products
 (`rollout.decode_kernel`, :func:`pack` and :func:`matmul`) and the update's weight gradients added into ``.grad``
 (`train.grad_kernel`, :func:`grad_accumulate`); and the build of the one library that holds them with the update's
-fused elementwise passes (csrc/elementwise.c, `train.elementwise_kernel`, grpo.modeling.native_elementwise).
+fused elementwise passes (csrc/elementwise.c, `train.elementwise_kernel`, grpo.modeling.native_elementwise) and
+short-sequence attention (csrc/attention.c, `train.attention_kernel`, grpo.modeling.native_attention).
 
 At a decode step's few rows (16 for G = 8 and 2 prompts) every weight is read once from memory for 16 multiply-adds.
 oneDNN's packed kernel, which the rollout used for these products, measured on the 2-core AMD EPYC (Zen 5) host as if
@@ -33,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_gemm.c", "elementwise.c"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_gemm.c", "elementwise.c",
+                                                                          "attention.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 #: Output columns per packed panel (one AVX-512 vector of float32).
 LANES = 16
@@ -43,11 +45,13 @@ MAX_ROWS = 64
 #: `rollout.decode_kernel` and `train.grad_kernel` values.
 MODES = ("auto", "native", "onednn")
 #: What each use of the kernels is called in the config.
-KEYS = {"decode": "rollout.decode_kernel", "grad": "train.grad_kernel", "elementwise": "train.elementwise_kernel"}
+KEYS = {"decode": "rollout.decode_kernel", "grad": "train.grad_kernel", "elementwise": "train.elementwise_kernel",
+        "attention": "train.attention_kernel"}
 #: Each use's values: its fallback is oneDNN's GEMMs or torch's operators.
-USE_MODES = {"decode": MODES, "grad": MODES, "elementwise": ("auto", "native", "torch")}
+USE_MODES = {"decode": MODES, "grad": MODES, "elementwise": ("auto", "native", "torch"),
+             "attention": ("auto", "native", "torch")}
 
-_modes = {"decode": "auto", "grad": "auto", "elementwise": "auto"}
+_modes = {"decode": "auto", "grad": "auto", "elementwise": "auto", "attention": "auto"}
 
 
 class PanelWeight:
@@ -62,23 +66,24 @@ class PanelWeight:
         self.dtype, self.device = panels.dtype, panels.device
 
 
-def configure(decode: str = "auto", grad: str = "auto", elementwise: str = "auto") -> None:
-    """Set `rollout.decode_kernel` (`decode`), `train.grad_kernel` (`grad`) and `train.elementwise_kernel`
-    (`elementwise`) for this process, each auto (the native kernel where it builds, else the fallback), native (the
-    native kernel; an error naming the reason where it cannot run) or the fallback: onednn, or torch for the
-    elementwise passes."""
-    for use, mode in (("decode", decode), ("grad", grad), ("elementwise", elementwise)):
+def configure(decode: str = "auto", grad: str = "auto", elementwise: str = "auto", attention: str = "auto") -> None:
+    """Set `rollout.decode_kernel` (`decode`), `train.grad_kernel` (`grad`), `train.elementwise_kernel`
+    (`elementwise`) and `train.attention_kernel` (`attention`) for this process, each auto (the native kernel where
+    it builds, else the fallback), native (the native kernel; an error naming the reason where it cannot run) or the
+    fallback: onednn, or torch for the elementwise passes and attention."""
+    for use, mode in (("decode", decode), ("grad", grad), ("elementwise", elementwise), ("attention", attention)):
         if mode not in USE_MODES[use]:
             raise ValueError(f"{KEYS[use]}: '{mode}' is not one of {' | '.join(USE_MODES[use])}")
         if mode == "native" and library() is None:
             raise RuntimeError(f"{KEYS[use]}: native is not available here: {unavailable_reason()}")
-    _modes.update(decode=decode, grad=grad, elementwise=elementwise)
+    _modes.update(decode=decode, grad=grad, elementwise=elementwise, attention=attention)
 
 
 def active(use: str = "decode") -> bool:
     """Whether the native kernel serves `use`: decode (rollouts pack their float32 weights for :func:`matmul`),
-    grad (weight gradients accumulate through :func:`grad_accumulate`) or elementwise (the update's fused passes,
-    grpo.modeling.native_elementwise): its mode allows it and it is built."""
+    grad (weight gradients accumulate through :func:`grad_accumulate`), elementwise (the update's fused passes,
+    grpo.modeling.native_elementwise) or attention (grpo.modeling.native_attention): its mode allows it and it is
+    built."""
     return _modes[use] not in ("onednn", "torch") and library() is not None
 
 
@@ -170,6 +175,11 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                        ("grpo_rms_norm_backward", [ptr, ptr, ptr, ptr, ptr, ptr, n, n])):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = None
+    longs, f32 = ctypes.POINTER(n), ctypes.c_float
+    lib.grpo_attention_forward.argtypes = [ptr, ptr, ptr, longs, longs, longs, longs, ptr, f32, ptr, ptr]
+    lib.grpo_attention_backward.argtypes = [ptr, ptr, ptr, longs, longs, longs, longs, ptr, f32, ptr, ptr, ptr, ptr,
+                                            ptr, ptr]
+    lib.grpo_attention_forward.restype = lib.grpo_attention_backward.restype = ctypes.c_int
     return lib, None
 
 

@@ -92,17 +92,19 @@ class CpuRuntime:
             torch.set_num_threads(self.cfg.train.num_threads)
         warm_vml()           # before any parallel first call of cos, exp, ...: see grpo/modeling/vml_warmup.py
         native_gemm.configure(self.cfg.rollout.decode_kernel, self.cfg.train.grad_kernel,     # built on first use
-                              self.cfg.train.elementwise_kernel)
+                              self.cfg.train.elementwise_kernel, self.cfg.train.attention_kernel)
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         """The policy on the CPU with oneDNN float32 linears where they are faster (`model.cpu_matmul`), the others
         accumulating their weight gradients in place in a single process (`train.grad_in_place`)."""
         from grpo.modeling.cpu_kernels import use_cpu_matmul
+        from grpo.modeling.native_attention import use_native_attention
         from grpo.training.distributed import env_world_size
 
         if model_device(model) != self.device:
             model.to(self.device)
         use_cpu_matmul(model, self.cfg.model.cpu_matmul, self.cfg.train.grad_in_place and env_world_size() == 1)
+        use_native_attention(model)                  # sdpa's short float32 calls by grpo's kernel (train.attention_kernel)
         return model
 
     def micro_batch_tokens(self, model: torch.nn.Module) -> int:

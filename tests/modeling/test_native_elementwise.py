@@ -117,7 +117,7 @@ def test_applies_only_to_float32_contiguous_cpu_tensors_in_its_mode(monkeypatch)
     x = torch.ones(4, 8)
     built = native_gemm.library() is not None
     monkeypatch.setitem(native_gemm._modes, "elementwise", "auto")
-    assert native_elementwise.applies(x, None) == built
+    assert native_elementwise.applies(x, None) == built == native_elementwise.applies(torch.nn.Parameter(x))
     assert not native_elementwise.applies(x, x.double()) and not native_elementwise.applies(x.t())
     monkeypatch.setitem(native_gemm._modes, "elementwise", "torch")
     assert not native_elementwise.applies(x)

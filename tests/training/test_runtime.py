@@ -65,6 +65,8 @@ def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
     assert ("mmap", 1) in calls and torch.get_num_threads() == 1
     if kernels.onednn_works():
         assert any(type(m) is kernels.DnnLinear for m in model.modules())
+    attention = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
+    assert attention and all(m.grpo_native_attention for m in attention)   # train.attention_kernel's calls
     assert cpu.micro_batch_tokens(model) == max(256, 2 ** 20 // (32 * 2))   # the CPU heuristic, with its floor
     # the CUDA runtime never calls the CPU tuning (its methods are checked without a GPU where possible)
     calls.clear()
@@ -77,25 +79,29 @@ def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
 
 
 def test_cpu_runtime_sets_the_decode_kernel(monkeypatch):
-    """`rollout.decode_kernel`, `train.grad_kernel` and `train.elementwise_kernel` are the CPU runtime's to apply
-    (process-wide), before the first rollout."""
+    """`rollout.decode_kernel`, `train.grad_kernel`, `train.elementwise_kernel` and `train.attention_kernel` are the
+    CPU runtime's to apply (process-wide), before the first rollout."""
     from grpo.modeling import native_gemm
 
     monkeypatch.setattr(native_gemm, "_modes", dict(native_gemm._modes))
     CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.decode_kernel": "onednn", "train.grad_kernel": "onednn",
-                                                            "train.elementwise_kernel": "torch"})).prepare_process()
-    assert native_gemm._modes == {"decode": "onednn", "grad": "onednn", "elementwise": "torch"}
-    assert not any(native_gemm.active(use) for use in ("decode", "grad", "elementwise"))
+                                                            "train.elementwise_kernel": "torch",
+                                                            "train.attention_kernel": "torch"})).prepare_process()
+    uses = ("decode", "grad", "elementwise", "attention")
+    assert native_gemm._modes == {"decode": "onednn", "grad": "onednn", "elementwise": "torch", "attention": "torch"}
+    assert not any(native_gemm.active(use) for use in uses)
     CpuRuntime(torch.device("cpu"), build_config()).prepare_process()
     built = native_gemm.library() is not None
-    assert native_gemm._modes == {"decode": "auto", "grad": "auto", "elementwise": "auto"}
-    assert all(native_gemm.active(use) == built for use in ("decode", "grad", "elementwise"))
+    assert native_gemm._modes == dict.fromkeys(uses, "auto")
+    assert all(native_gemm.active(use) == built for use in uses)
     with pytest.raises(ValueError, match=re.escape("rollout.decode_kernel must be auto | native | onednn")):
         build_config(overrides={"rollout.decode_kernel": "mkl"})
     with pytest.raises(ValueError, match=re.escape("train.grad_kernel must be auto | native | onednn")):
         build_config(overrides={"train.grad_kernel": "mkl"})
     with pytest.raises(ValueError, match=re.escape("train.elementwise_kernel must be auto | native | torch")):
         build_config(overrides={"train.elementwise_kernel": "onednn"})
+    with pytest.raises(ValueError, match=re.escape("train.attention_kernel must be auto | native | torch")):
+        build_config(overrides={"train.attention_kernel": "sdpa"})
 
 
 def test_attention_kernel_choice():
