@@ -230,14 +230,15 @@ class _HeadLogprobs(torch.autograd.Function):
                     dz.exp_().mul_(-gy)                                        # -g_y p
                 else:
                     p = torch.exp(dz, out=probs[:e - s])
-                    dz.add_(entropy[s:e, None]).mul_(g_entropy[s:e, None]).add_(gy).mul_(p).neg_()  # -p (g_y + g_H (log p + H))
+                    # -p (g_y + g_H (log p + H))
+                    dz.add_(entropy[s:e, None]).mul_(g_entropy[s:e, None]).add_(gy).mul_(p).neg_()
                 dz.scatter_add_(1, tokens[s:e, None], gy)                     # + g_y e_y
                 if tau > 0 and tau != 1.0:
                     dz.div_(tau)                                               # dL/dlogits
             dzp = products.operand(dz) if need_h or need_w else dz             # bf16 products: rounded once
             if need_h:
                 products.grad_hidden_into(dh[s:e], dzp)                        # [n, H] = dL/dlogits W
-            if need_w and into and weight.grad is None:                        # [V, H] = dL/dlogits^T h, once per update
+            if need_w and into and weight.grad is None:          # [V, H] = dL/dlogits^T h, once per update
                 weight.grad = products.new_grad_weight(dzp, h)
             elif need_w:                                                       # [V, H] += dL/dlogits^T h
                 products.add_grad_weight(weight.grad if into else dw, dzp, h)

@@ -61,7 +61,8 @@ class _AttentionFn(torch.autograd.Function):
         q, k, v, o, lse, mask = ctx.saved_tensors
         B, Hq, T, D = q.shape
         do = do.contiguous()
-        dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), k.new_empty(k.shape), v.new_empty(v.shape)
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)           # [B, Hq, T, D]
+        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)                       # [B, Hk, T, D]
         status = native_gemm.library().grpo_attention_backward(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), _longs([B, Hq, k.shape[1], T, D]),
             *[_longs(t.stride()[:3]) for t in (q, k, v)], None if mask is None else mask.data_ptr(), ctx.scale,

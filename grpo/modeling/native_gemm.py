@@ -36,6 +36,8 @@ import torch
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_gemm.c", "elementwise.c",
                                                                           "attention.c"))
+#: Included by the sources (part of the cache key).
+HEADERS = (SOURCES[0].with_name("simd_exp.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 #: Output columns per packed panel (one AVX-512 vector of float32).
 LANES = 16
@@ -151,7 +153,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return None, "no C compiler (set CC, or install gcc)"
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-        key = hashlib.sha256("\0".join([*(p.read_text() for p in SOURCES), " ".join(FLAGS), cc, version,
+        key = hashlib.sha256("\0".join([*(p.read_text() for p in (*SOURCES, *HEADERS)), " ".join(FLAGS), cc, version,
                                         _cpu_signature()]).encode()).hexdigest()[:20]
         target = _cache_dir() / f"decode_gemm-{key}.so"
         if not target.exists():

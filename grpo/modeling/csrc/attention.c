@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd_exp.h"
+
 #define LANES 16
 #define QB 4 /* query rows per register block */
 
@@ -24,24 +26,6 @@ typedef struct {
     long b, hq, hk, t, d;
     long qs[3], ks[3], vs[3]; /* strides (elements) of batch, head, position */
 } shape_t;
-
-static inline __m512 exp16a(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-    x = _mm512_min_ps(_mm512_set1_ps(104.0f), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 /* src rows [t][d] (row stride `stride`) -> dst [d][sp], positions past t zero. */
 static void transpose_in(const float *src, long stride, long t, long d, long sp, float *dst) {
@@ -130,7 +114,7 @@ int grpo_attention_forward(const float *q, const float *k, const float *v, const
                             __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
                             long endp = (end + LANES - 1) / LANES * LANES;
                             for (long j = 0; j < endp; j += LANES) {
-                                __m512 p = exp16a(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mv));
+                                __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mv));
                                 _mm512_storeu_ps(sr + j, p);
                                 sum = _mm512_add_ps(sum, p);
                             }
@@ -206,7 +190,7 @@ int grpo_attention_backward(const float *q, const float *k, const float *v, cons
                             __m512 lv = _mm512_set1_ps(isinf(l) ? INFINITY : l), dl = _mm512_set1_ps(delta[r]);
                             for (long j = 0; j < endp; j += LANES) {
                                 __m512 pv = isinf(l) ? _mm512_setzero_ps()
-                                                     : exp16a(_mm512_sub_ps(_mm512_loadu_ps(p + r * sp + j), lv));
+                                                     : exp16(_mm512_sub_ps(_mm512_loadu_ps(p + r * sp + j), lv));
                                 __m512 dpv = _mm512_loadu_ps(dp + r * sp + j);
                                 /* masked keys: s = -inf gives p = 0; dP there is -inf, so use p's zero */
                                 __mmask16 live = _mm512_cmp_ps_mask(pv, _mm512_setzero_ps(), _CMP_NEQ_OQ);
