@@ -7,7 +7,9 @@ One forward+backward of the qwen2-100m fixture (bench/common.py) over 16 rows x 
 tokens, as the update runs it: log-probs and entropy of the completion tokens through the chunked LM head,
 rows in token-budget micro-batches (grpo.modeling.logprobs.bucketed_micro_batches), gradients accumulated,
 2 threads, `model.cpu_matmul: auto`, glibc's own mmap threshold as `grpo train` leaves it (train.mmap_threshold_mb = 0,
-the default since 2026-11-25) unless a configuration says otherwise. Configurations, each a fresh process, alternating over `--rounds`:
+the default since 2026-11-25) unless a configuration says otherwise, and (all but autograd-256, hf-full and
+lean-256-nobuf) the gradients as views of one flat buffer made at the start of each timed pass, as the update makes
+it (train.grad_buffer, on 2 MiB pages: train.huge_pages). Configurations, each a fresh process, alternating over `--rounds`:
 
 * autograd-256: stock Hugging Face layers, weight gradients through autograd (train.grad_in_place false),
   256-token micro-batches, mmap threshold 1 MiB: the defaults before 2026-11-25;
@@ -17,6 +19,9 @@ the default since 2026-11-25) unless a configuration says otherwise. Configurati
 * lean-256: the same with train.lean_layers (grpo/modeling/lean_layers.py), the defaults since 2026-11-27; weight
   gradients by `train.grad_kernel: auto` (grpo's native kernel on AVX-512 since 2026-11-28, oneDNN before);
 * lean-256-onednn: the same with `train.grad_kernel: onednn` (products in blocks, then added);
+* lean-256-small-pages: lean-256 with `train.huge_pages: false` (the gradient buffer in 4 KiB pages);
+* lean-256-nobuf: lean-256 with `train.grad_buffer: false` (gradients made one by one in the first backward, as
+  this benchmark ran every configuration before 2026-11-28's later session);
 * lean-256-torch-ops: lean-256 with `train.elementwise_kernel: torch` and `train.attention_kernel: torch`
   (torch's elementwise operators and transformers' sdpa, the defaults before 2026-11-28; since then grpo's
   native passes, grpo/modeling/native_elementwise.py and native_attention.py, where they build);
@@ -43,14 +48,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-#: name: (train.lean_layers, micro-batch tokens (-1: the whole batch in one plain pass), train.mmap_threshold_mb,
-#: train.grad_in_place[, train.grad_kernel (default auto)[, train.elementwise_kernel and train.attention_kernel
-#: (default auto)]])
-CONFIGS = {"autograd-256": (False, 256, 1, False), "default-256": (False, 0, 0, True), "mmap1-256": (False, 0, 1, True),
-           "lean-256": (True, 0, 0, True), "lean-256-onednn": (True, 0, 0, True, "onednn"),
-           "lean-256-torch-ops": (True, 0, 0, True, "auto", "torch"),
-           "default-704": (False, 704, 0, True), "lean-704": (True, 704, 0, True),
-           "default-704-mmap1": (False, 704, 1, True), "hf-full": (False, -1, 0, False)}
+#: name: train.lean_layers (lean), micro-batch tokens (tokens; -1: the whole batch in one plain pass),
+#: train.mmap_threshold_mb (mmap), train.grad_in_place (in_place), and, default auto / on, train.grad_kernel (grad),
+#: train.elementwise_kernel and train.attention_kernel (ops), train.grad_buffer (buffer), train.huge_pages (huge)
+CONFIGS = {"autograd-256": dict(lean=False, tokens=256, mmap=1, in_place=False, buffer=False),
+           "default-256": dict(lean=False, tokens=0, mmap=0, in_place=True),
+           "mmap1-256": dict(lean=False, tokens=0, mmap=1, in_place=True),
+           "lean-256": dict(lean=True, tokens=0, mmap=0, in_place=True),
+           "lean-256-onednn": dict(lean=True, tokens=0, mmap=0, in_place=True, grad="onednn"),
+           "lean-256-torch-ops": dict(lean=True, tokens=0, mmap=0, in_place=True, ops="torch"),
+           "lean-256-small-pages": dict(lean=True, tokens=0, mmap=0, in_place=True, huge=False),
+           "lean-256-nobuf": dict(lean=True, tokens=0, mmap=0, in_place=True, buffer=False),
+           "default-704": dict(lean=False, tokens=704, mmap=0, in_place=True),
+           "lean-704": dict(lean=True, tokens=704, mmap=0, in_place=True),
+           "default-704-mmap1": dict(lean=False, tokens=704, mmap=1, in_place=True),
+           "hf-full": dict(lean=False, tokens=-1, mmap=0, in_place=False, buffer=False)}
 ROWS, PROMPT, NEW = 16, 24, 64
 
 
@@ -61,15 +73,19 @@ def child(name: str) -> dict:
     from bench.speed import MODELS_DIR, forward_flops
     from grpo.modeling import native_gemm
     from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
+    from grpo.modeling.grad_in_place import gradient_buffer
+    from grpo.modeling.heap import use_huge_pages
     from grpo.modeling.lean_layers import use_lean_layers
     from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
     from grpo.modeling.models import load_policy
     from grpo.modeling.native_attention import use_native_attention
     from grpo.training.update import micro_batch_tokens
 
-    lean, tokens, mmap_mb, in_place, *kernel = CONFIGS[name]
-    grad_kernel, ops_kernel = (list(kernel) + ["auto", "auto"])[:2]
+    c = {"grad": "auto", "ops": "auto", "buffer": True, "huge": True, **CONFIGS[name]}
+    lean, tokens, mmap_mb, in_place, grad_kernel, ops_kernel = (c[k] for k in ("lean", "tokens", "mmap", "in_place",
+                                                                               "grad", "ops"))
     native_gemm.configure(grad=grad_kernel, elementwise=ops_kernel, attention=ops_kernel)
+    use_huge_pages(c["huge"])
     torch.set_num_threads(2)
     set_mmap_threshold(mmap_mb)
     model, _ = load_policy(str(build_bench_model("qwen2-100m", MODELS_DIR)))
@@ -81,8 +97,11 @@ def child(name: str) -> dict:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 30000, (ROWS, PROMPT + NEW), generator=gen)
     mask = torch.ones_like(ids)
+    params = [p for p in model.parameters() if p.requires_grad]
 
     def fwd_bwd():
+        if c["buffer"]:
+            gradient_buffer(params)                  # as the update starts (train.grad_buffer), inside the timing
         if budget < 0:
             logits = model(input_ids=ids, attention_mask=mask).logits[:, PROMPT - 1:-1].float()
             torch.log_softmax(logits, -1).gather(-1, ids[:, PROMPT:, None]).sum().backward()
@@ -105,6 +124,7 @@ def child(name: str) -> dict:
         fractions.append(flops / seconds[-1] / peak)
     out = {"config": name, "lean_layers": lean, "micro_batch_tokens": budget, "mmap_threshold_mb": mmap_mb,
            "grad_in_place": in_place, "grad_kernel": grad_kernel, "ops_kernel": ops_kernel,
+           "grad_buffer": c["buffer"], "huge_pages": c["huge"],
            "fwd_bwd_s": min(seconds),
            "fraction_of_peak": max(fractions), "peak_delta_mb": rss.peak() - base}
     rss.close()

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from grpo.modeling import native_gemm
 from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, InputCasts, accumulate_grad, cast_linear
+from grpo.modeling.heap import release_free_heap, set_mmap_threshold  # noqa: F401  (their home before grpo.modeling.heap)
 from grpo.modeling.workspace import held
 
 MODES = ("auto", "onednn", "aten")
@@ -358,48 +359,3 @@ def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto", grad_in_place: bo
         elif type(module) in (torch.nn.Embedding, GradIntoEmbedding):
             module.__class__ = embedding
     return switched
-
-
-def set_mmap_threshold(megabytes: float) -> bool:
-    """glibc only: serve host allocations of >= `megabytes` MiB by mmap (`train.mmap_threshold_mb`; fractions
-    allowed, 0.25 = 256 KiB). Off by default (0).
-
-    glibc's own threshold starts at 128 KiB and rises to the size of the largest freed mmapped block (at most
-    32 MiB), so after the first step most activations come from its heap and freed ones stay resident for reuse.
-    A fixed threshold instead returns each freed tensor of that size to the OS at once, and every new one is
-    fresh pages from the kernel, zero-filled on first touch. On the earliest trainer (before in-place gradients
-    and kept workspaces) glibc's own threshold let a 100M step's peak RSS grow by 450 MiB over three steps, and
-    1 MiB was the default. Measured again on 2026-11-25 (AVX-512 host, bench/grid.py shapes, docs/performance.md):
-    about the same peak (-76 to +55 MiB over 3-12 steps; +281 MiB with 1036-token micro-batches) and steps 2-3
-    5-20 % faster without it (fresh pages are slow to fault in on a VM), so 0 became the default. 0, a non-glibc libc, or a user-set MALLOC_MMAP_THRESHOLD_ leave the
-    allocator alone. Returns True when the threshold was set.
-    """
-    import os
-
-    if megabytes <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    libc = _glibc()
-    return libc is not None and bool(libc.mallopt(-3, int(megabytes * 2 ** 20)))   # M_MMAP_THRESHOLD = -3
-
-
-def release_free_heap() -> bool:
-    """glibc only: give the pages of the heap's free chunks back to the OS (``malloc_trim(0)``), so memory that
-    freed tensors left as holes inside the heap stops counting in the resident set (`train.malloc_trim`). The next
-    allocations there fault fresh zero pages in again. Returns False on a non-glibc libc (nothing done)."""
-    libc = _glibc()
-    if libc is None:
-        return False
-    libc.malloc_trim(0)
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _glibc():
-    """The process's glibc (ctypes), or None on another libc: the allocator calls above."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None

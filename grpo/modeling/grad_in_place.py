@@ -24,6 +24,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from grpo.modeling import heap
+
 
 #: Bytes of the float32 temporary a mixed-dtype ``add_`` makes per block in :func:`add_upcast_`: under glibc's
 #: mmap threshold (`train.mmap_threshold_mb`, >= 0.25 MiB), so the temporaries come from the heap, not new pages.
@@ -82,7 +84,7 @@ def gradient_buffer(params: list[torch.Tensor]) -> list[torch.Tensor]:
             groups.setdefault((p.device, p.dtype), []).append(p)
     buffers = []
     for (device, dtype), members in groups.items():
-        flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype, device=device)
+        flat = heap.zeros(sum(p.numel() for p in members), dtype, device)   # CPU: on huge pages (train.huge_pages)
         start = 0
         for p in members:
             p.grad = flat[start:start + p.numel()].view_as(p)

@@ -85,9 +85,11 @@ class CpuRuntime:
         """Allocator threshold, thread count, oneMKL's math kernels and the rollout's decode kernel (process-wide)."""
         from grpo.modeling import native_gemm
         from grpo.modeling.cpu_kernels import set_mmap_threshold
+        from grpo.modeling.heap import use_huge_pages
         from grpo.modeling.vml_warmup import warm_vml
 
         set_mmap_threshold(self.cfg.train.mmap_threshold_mb)   # freed host tensors go back to the OS
+        use_huge_pages(self.cfg.train.huge_pages)               # the update's gradient buffer (train.grad_buffer)
         if self.cfg.train.num_threads:
             torch.set_num_threads(self.cfg.train.num_threads)
         warm_vml()           # before any parallel first call of cos, exp, ...: see grpo/modeling/vml_warmup.py

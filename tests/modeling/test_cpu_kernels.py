@@ -161,48 +161,6 @@ def test_modes():
     assert not should_switch("auto", width=128)                              # narrow models stay on aten
     with pytest.raises(ValueError, match="model.cpu_matmul"):
         should_switch("mkl")
-
-
-def test_mmap_threshold_is_left_alone_when_off_or_user_set(monkeypatch):
-    from grpo.modeling.cpu_kernels import set_mmap_threshold
-
-    assert set_mmap_threshold(0) is False
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    assert set_mmap_threshold(1) is False
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
-    import ctypes.util
-    if ctypes.util.find_library("c") and "libc.so.6" in (ctypes.util.find_library("c") or ""):
-        assert set_mmap_threshold(1) is True                                  # glibc accepts it
-        assert set_mmap_threshold(0.25) is True                               # 256 KiB
-        assert set_mmap_threshold(1) is True                                  # the default before 2026-11-25
-
-
-def _resident() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-
-def test_release_free_heap_returns_the_holes_freed_tensors_leave_in_the_heap():
-    """Tensors of 96 KiB come from glibc's heap (under its 128 KiB starting mmap threshold); freeing every other one
-    leaves ~40 MiB of free holes between live blocks, still resident, that glibc's own top-of-heap trimming cannot
-    reach. release_free_heap (train.malloc_trim) gives their pages back."""
-    import ctypes.util
-
-    from grpo.modeling.cpu_kernels import release_free_heap
-
-    if "libc.so.6" not in (ctypes.util.find_library("c") or ""):
-        pytest.skip("glibc only")
-    blocks = [torch.ones(24 * 1024) for _ in range(840)]    # 96 KiB each, touched
-    held = _resident()
-    keep = blocks[1::2]                                     # every other block stays: the holes cannot coalesce
-    del blocks
-    freed = _resident()
-    assert held - freed < 8 * 2 ** 20                      # the holes stay resident after the free
-    assert release_free_heap() is True
-    assert freed - _resident() > 30 * 2 ** 20              # ~40 MiB of holes given back
-    assert len(keep) == 420 and float(keep[-1][0]) == 1.0
-
-
 def test_mmap_threshold_takes_fractions_of_a_mib():
     from grpo.config import ConfigError, build_config
 
