@@ -27,49 +27,40 @@ static inline __m512 sigmoid16(__m512 g) {
 
 static inline __mmask16 tail_mask(long left) { return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u); }
 
+/* Runs the statements after `n` once per vector of 16 of n elements (i its first element, k its lane mask, partial at
+ * the tail), the elements split into SPLIT-element chunks over the threads. */
+#define PARALLEL_LANES(n, ...)                                       \
+    _Pragma("omp parallel for schedule(static)")                     \
+    for (long c_ = 0; c_ < (n); c_ += SPLIT) {                       \
+        long end_ = c_ + SPLIT < (n) ? c_ + SPLIT : (n);             \
+        for (long i = c_; i < end_; i += LANES) {                    \
+            __mmask16 k = tail_mask(end_ - i);                       \
+            __VA_ARGS__                                              \
+        }                                                            \
+    }
+
 /* exp(x[i]) for i < n (the tests' handle on exp16). */
 void grpo_exp(const float *x, float *y, long n) {
-#pragma omp parallel for schedule(static)
-    for (long c = 0; c < n; c += SPLIT) {
-        long end = c + SPLIT < n ? c + SPLIT : n;
-        for (long i = c; i < end; i += LANES) {
-            __mmask16 k = tail_mask(end - i);
-            _mm512_mask_storeu_ps(y + i, k, exp16(_mm512_maskz_loadu_ps(k, x + i)));
-        }
-    }
+    PARALLEL_LANES(n, _mm512_mask_storeu_ps(y + i, k, exp16(_mm512_maskz_loadu_ps(k, x + i)));)
 }
 
 /* a = silu(g) u = g sigmoid(g) u, n elements. */
 void grpo_swiglu_forward(const float *g, const float *u, float *a, long n) {
-#pragma omp parallel for schedule(static)
-    for (long c = 0; c < n; c += SPLIT) {
-        long end = c + SPLIT < n ? c + SPLIT : n;
-        for (long i = c; i < end; i += LANES) {
-            __mmask16 k = tail_mask(end - i);
-            __m512 gv = _mm512_maskz_loadu_ps(k, g + i), uv = _mm512_maskz_loadu_ps(k, u + i);
-            _mm512_mask_storeu_ps(a + i, k, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid16(gv)), uv));
-        }
-    }
+    PARALLEL_LANES(n, __m512 gv = _mm512_maskz_loadu_ps(k, g + i), uv = _mm512_maskz_loadu_ps(k, u + i);
+                   _mm512_mask_storeu_ps(a + i, k, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid16(gv)), uv));)
 }
 
 /* The SwiGLU's elementwise backward, n elements: with s = sigmoid(g), gs = g s (silu) and ga = dL/da on entry in
  * `ga`: a = gs u (the down projection's input, for its weight gradient), du = ga gs, and in place of ga
  * dg = ga u silu'(g), silu'(g) = s (1 + g (1 - s)) = gs + s - s gs. */
 void grpo_swiglu_backward(const float *g, const float *u, float *ga, float *du, float *a, long n) {
-#pragma omp parallel for schedule(static)
-    for (long c = 0; c < n; c += SPLIT) {
-        long end = c + SPLIT < n ? c + SPLIT : n;
-        for (long i = c; i < end; i += LANES) {
-            __mmask16 k = tail_mask(end - i);
-            __m512 gv = _mm512_maskz_loadu_ps(k, g + i), uv = _mm512_maskz_loadu_ps(k, u + i);
-            __m512 gav = _mm512_maskz_loadu_ps(k, ga + i);
-            __m512 s = sigmoid16(gv), gs = _mm512_mul_ps(gv, s);
-            __m512 ds = _mm512_add_ps(_mm512_fnmadd_ps(s, gs, gs), s);
-            _mm512_mask_storeu_ps(a + i, k, _mm512_mul_ps(gs, uv));
-            _mm512_mask_storeu_ps(du + i, k, _mm512_mul_ps(gav, gs));
-            _mm512_mask_storeu_ps(ga + i, k, _mm512_mul_ps(_mm512_mul_ps(gav, uv), ds));
-        }
-    }
+    PARALLEL_LANES(n, __m512 gv = _mm512_maskz_loadu_ps(k, g + i), uv = _mm512_maskz_loadu_ps(k, u + i);
+                   __m512 gav = _mm512_maskz_loadu_ps(k, ga + i);
+                   __m512 s = sigmoid16(gv), gs = _mm512_mul_ps(gv, s);
+                   __m512 ds = _mm512_add_ps(_mm512_fnmadd_ps(s, gs, gs), s);
+                   _mm512_mask_storeu_ps(a + i, k, _mm512_mul_ps(gs, uv));
+                   _mm512_mask_storeu_ps(du + i, k, _mm512_mul_ps(gav, gs));
+                   _mm512_mask_storeu_ps(ga + i, k, _mm512_mul_ps(_mm512_mul_ps(gav, uv), ds));)
 }
 
 /* One row of logits z [v]: returns its maximum m (0 when infinite, as torch.logsumexp) and sets *s = sum e^(z - m),
