@@ -209,7 +209,7 @@ class _HeadLogprobs(torch.autograd.Function):
         dh = torch.empty_like(hidden) if need_h else None
         dw = torch.zeros_like(weight) if need_w and not into else None
         db = torch.zeros_like(bias) if need_b and not into else None
-        native = _native(hidden, g_logp, g_entropy, entropy)
+        native = native_elementwise.applies(hidden, g_logp, g_entropy, entropy)    # train.elementwise_kernel
         k, buf, probs = _workspace(hidden, V, ctx.chunk, g_entropy is not None and not native)
         products = _Products(weight, ctx.cast, bias, ctx.lowp, k, ctx.onednn)
         kept = ctx.kept if ctx.kept is not None and ctx.kept[1]._version == ctx.kept[2] else None
@@ -252,7 +252,7 @@ def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cas
     with the entropy, also (start, log p [n, V]) of the last chunk, which the buffer still holds (else None)."""
     M, V = hidden.shape[0], weight.shape[0]
     logp, lse, entropy = hidden.new_empty(M), hidden.new_empty(M), hidden.new_zeros(M)
-    native = _native(hidden)
+    native = native_elementwise.applies(hidden)                        # train.elementwise_kernel
     k, buf, probs = _workspace(hidden, V, chunk, with_entropy and not native)
     last = None
     with torch.no_grad():
@@ -274,10 +274,6 @@ def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cas
                 last = (s, z)
     return logp, entropy, lse, last
 
-
-def _native(*tensors: torch.Tensor | None) -> bool:
-    """The head's elementwise passes run in grpo's native kernels (`train.elementwise_kernel`): float32 CPU."""
-    return native_elementwise.applies(*tensors)
 
 
 def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,

@@ -24,6 +24,13 @@ MADV_HUGEPAGE = 14
 _huge_pages = {"on": True}
 
 
+def configure(mmap_threshold_mb: float, huge_pages: bool) -> None:
+    """The CPU runtime's process set-up: `train.mmap_threshold_mb` (:func:`set_mmap_threshold`) and `train.huge_pages`
+    (:func:`use_huge_pages`)."""
+    set_mmap_threshold(mmap_threshold_mb)
+    use_huge_pages(huge_pages)
+
+
 def use_huge_pages(enabled: bool) -> None:
     """`train.huge_pages`: whether :func:`zeros` advises large CPU buffers as transparent huge pages (process-wide)."""
     _huge_pages["on"] = bool(enabled)

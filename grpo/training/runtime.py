@@ -82,14 +82,11 @@ class CpuRuntime:
     cfg: Config
 
     def prepare_process(self) -> None:
-        """Allocator threshold, thread count, oneMKL's math kernels and the rollout's decode kernel (process-wide)."""
-        from grpo.modeling import native_gemm
-        from grpo.modeling.cpu_kernels import set_mmap_threshold
-        from grpo.modeling.heap import use_huge_pages
+        """Allocator settings, thread count, oneMKL's math kernels and grpo's native kernels (process-wide)."""
+        from grpo.modeling import heap, native_gemm
         from grpo.modeling.vml_warmup import warm_vml
 
-        set_mmap_threshold(self.cfg.train.mmap_threshold_mb)   # freed host tensors go back to the OS
-        use_huge_pages(self.cfg.train.huge_pages)               # the update's gradient buffer (train.grad_buffer)
+        heap.configure(self.cfg.train.mmap_threshold_mb, self.cfg.train.huge_pages)   # glibc; the gradient buffer
         if self.cfg.train.num_threads:
             torch.set_num_threads(self.cfg.train.num_threads)
         warm_vml()           # before any parallel first call of cos, exp, ...: see grpo/modeling/vml_warmup.py

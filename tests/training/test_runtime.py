@@ -53,14 +53,17 @@ def test_this_machine_builds_the_cpu_runtime():
 
 def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
     import grpo.modeling.cpu_kernels as kernels
+    from grpo.modeling import heap
 
     tok = build_tokenizer()
     cfg = build_config(overrides={"model.cpu_matmul": "onednn", "train.num_threads": 1,
                                   "train.micro_batch_tokens": 0, "train.mmap_threshold_mb": 1})
     calls = []
-    monkeypatch.setattr(kernels, "set_mmap_threshold", lambda mb: calls.append(("mmap", mb)))
+    monkeypatch.setattr(heap, "set_mmap_threshold", lambda mb: calls.append(("mmap", mb)))
+    monkeypatch.setitem(heap._huge_pages, "on", False)
     cpu = CpuRuntime(torch.device("cpu"), cfg)
     cpu.prepare_process()
+    assert heap._huge_pages["on"]                                          # train.huge_pages (default true)
     model = cpu.place(build_model(tok, "micro"))
     assert ("mmap", 1) in calls and torch.get_num_threads() == 1
     if kernels.onednn_works():
