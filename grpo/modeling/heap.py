@@ -41,7 +41,7 @@ def zeros(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     `train.huge_pages`, it is the 2 MiB-aligned part of a slightly larger allocation (one more huge page), advised
     ``MADV_HUGEPAGE`` before anything touches it, so the zero fill faults in 2 MiB pages (where the kernel's THP mode
     is madvise or always; a no-op where it is never). Same values, same resident size. Shape: [numel]"""
-    itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+    itemsize = dtype.itemsize
     libc = _glibc()
     if (torch.device(device).type != "cpu" or not _huge_pages["on"] or not sys.platform.startswith("linux")
             or libc is None or numel * itemsize < HUGE_MIN_BYTES):
