@@ -74,12 +74,14 @@ def test_large_cpu_buffers_start_on_a_huge_page_boundary_zeroed(monkeypatch):
     or always it is backed by huge pages. Small buffers, other devices and `train.huge_pages` off: torch.zeros."""
     monkeypatch.setitem(heap._huge_pages, "on", True)
     before = _anon_huge_kib()
-    big = heap.zeros(5 * 2 ** 20, torch.float32, torch.device("cpu"))                # 20 MiB
-    assert big.shape == (5 * 2 ** 20,) and big.dtype == torch.float32 and not big.any()
+    # 40 MiB: above glibc's largest mmap threshold (32 MiB), so fresh pages the advice reaches before the first touch
+    # (a smaller block may come from heap pages already touched, which stay 4 KiB), as the update's buffer
+    big = heap.zeros(10 * 2 ** 20, torch.float32, torch.device("cpu"))
+    assert big.shape == (10 * 2 ** 20,) and big.dtype == torch.float32 and not big.any()
     assert big.data_ptr() % heap.HUGE_PAGE == 0
-    assert big.untyped_storage().nbytes() == 20 * 2 ** 20 + heap.HUGE_PAGE
+    assert big.untyped_storage().nbytes() == 40 * 2 ** 20 + heap.HUGE_PAGE
     if _thp_mode() in ("madvise", "always"):
-        assert _anon_huge_kib() - before >= 16 * 1024                                  # most of it in 2 MiB pages
+        assert _anon_huge_kib() - before >= 32 * 1024                                  # most of it in 2 MiB pages
     small = heap.zeros(1000, torch.float64, torch.device("cpu"))
     assert small.untyped_storage().nbytes() == 8000 and not small.any()
     assert heap.zeros(3 * 2 ** 20, torch.float32, torch.device("meta")).device.type == "meta"
