@@ -34,6 +34,20 @@ def demo_settings(overrides: dict[str, Any] | None = None) -> dict[str, dict[str
     return base
 
 
+def start_demo(base: dict[str, Any], out_dir: str | Path, seed: int, steps: int | None,
+               overrides: dict[str, Any] | None) -> tuple[Path, Any]:
+    """What every demo does first: its output directory (made; a previous run's metrics.jsonl removed, so the
+    curves are this run's only), its Config (`base` under `overrides`), the thread count and the seed."""
+    out = demo_output_dir(out_dir, overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    cfg = demo_config(base, out, seed, steps, overrides)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    torch.manual_seed(seed)
+    return out, cfg
+
+
 def _table(before: dict[str, float], after: dict[str, float]) -> str:
     lines = [f"{'held-out metric':22s} {'before':>8s} {'after':>8s} {'change':>8s}"]
     for key in before:
@@ -53,14 +67,8 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     from grpo.health.report import write_report
 
     start = time.perf_counter()
-    out = demo_output_dir(out_dir, overrides)
-    out.mkdir(parents=True, exist_ok=True)
+    out, cfg = start_demo(demo_settings(overrides), out_dir, seed, steps, overrides)
     metrics_path = out / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)  # a fresh run: the demo's metrics are this run's only
-    cfg = demo_config(demo_settings(overrides), out, seed, steps, overrides)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
-    torch.manual_seed(seed)
     model, tokenizer = load_policy(str(EMBEDDED_MODEL_DIR))
     held_out = generate("test", eval_problems, seed=seed)
     rewards = [load_reward(spec) for spec in DEFAULT_REWARDS]                # the task's own choice

@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from grpo.config import demo_config, demo_output_dir
+from grpo.cli.demo import start_demo
 from grpo.envs import ToolEnv
 
 CALCULATOR_CONFIG: dict[str, dict[str, Any]] = {
@@ -63,13 +61,7 @@ def run_calculator_demo(out_dir: str | Path = "runs/demo-calculator", *, steps: 
     from grpo.training.episode_eval import evaluate_episodes
 
     start = time.perf_counter()
-    out = demo_output_dir(out_dir, overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    cfg = demo_config(CALCULATOR_CONFIG, out, seed, steps, overrides)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
-    torch.manual_seed(seed)
+    out, cfg = start_demo(CALCULATOR_CONFIG, out_dir, seed, steps, overrides)
     model, tokenizer = load_policy(str(CALCULATOR_MODEL_DIR))
     held_out = calculator.generate("test", eval_problems, seed=seed)
     rewards = [load_reward(spec) for spec in calculator.DEFAULT_REWARDS]

@@ -14,9 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from grpo.config import demo_config, demo_output_dir
+from grpo.cli.demo import start_demo
 
 #: The cold-start policy of the demo (grpo/assets/shapes-vqa-sft/README.md).
 SHAPES_VQA_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "shapes-vqa-sft"
@@ -63,13 +61,7 @@ def run_shapes_vqa_demo(out_dir: str | Path = "runs/demo-shapes-vqa", *, steps: 
     from grpo.training.vlm_sft import evaluate
 
     start = time.perf_counter()
-    out = demo_output_dir(out_dir, overrides)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    cfg = demo_config(SHAPES_VQA_CONFIG, out, seed, steps, overrides)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
-    torch.manual_seed(seed)
+    out, cfg = start_demo(SHAPES_VQA_CONFIG, out_dir, seed, steps, overrides)
     model, tokenizer, processor = load_vlm(model_dir)
     held_out = vision_rows(shapes_vqa.generate("test", eval_problems, seed=seed), processor, model)
     rows = vision_rows(shapes_vqa.generate("train", train_rows, seed=seed + 1), processor, model)

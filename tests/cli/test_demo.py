@@ -70,3 +70,28 @@ def test_demo_settings_drop_the_algorithm_section_only_for_a_preset():
     with_preset = demo_settings({"algorithm.preset": "dapo"})
     assert "algorithm" not in with_preset and with_preset["rollout"] == DEMO_CONFIG["rollout"]
     assert "algorithm" in DEMO_CONFIG                                         # the module's table is untouched
+
+
+def test_start_demo_clears_old_metrics_and_sets_threads_and_seed(tmp_path):
+    """Every demo's first step: the output dir (from --train.output_dir when given), the previous metrics.jsonl
+    gone, the base config under the overrides, torch's thread count and seed."""
+    import torch
+
+    from grpo.cli.demo import DEMO_CONFIG, start_demo
+
+    target = tmp_path / "given"
+    target.mkdir()
+    (target / "metrics.jsonl").write_text('{"step": 1}\n')
+    threads = torch.get_num_threads()
+    try:
+        out, cfg = start_demo(DEMO_CONFIG, tmp_path / "default", 7, 3,
+                              {"train.output_dir": str(target), "rollout.num_generations": 4})
+        first = torch.rand(3)
+        torch.manual_seed(7)
+        assert torch.equal(first, torch.rand(3))
+        assert torch.get_num_threads() == 1 == cfg.train.num_threads
+    finally:
+        torch.set_num_threads(threads)
+    assert out == target and not (target / "metrics.jsonl").exists() and not (tmp_path / "default").exists()
+    assert cfg.train.max_steps == 3 and cfg.train.seed == 7 and cfg.rollout.num_generations == 4
+    assert cfg.rollout.max_new_tokens == DEMO_CONFIG["rollout"]["max_new_tokens"]
