@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import demo_config, demo_output_dir
+from grpo.config import Config, demo_config, demo_output_dir
 
 # The demo's training settings (every other key keeps its default; see `grpo train --help-config`).
 DEMO_CONFIG: dict[str, dict[str, Any]] = {
@@ -35,7 +35,7 @@ def demo_settings(overrides: dict[str, Any] | None = None) -> dict[str, dict[str
 
 
 def start_demo(base: dict[str, Any], out_dir: str | Path, seed: int, steps: int | None,
-               overrides: dict[str, Any] | None) -> tuple[Path, Any]:
+               overrides: dict[str, Any] | None) -> tuple[Path, Config]:
     """What every demo does first: its output directory (made; a previous run's metrics.jsonl removed, so the
     curves are this run's only), its Config (`base` under `overrides`), the thread count and the seed."""
     out = demo_output_dir(out_dir, overrides)
