@@ -31,7 +31,8 @@ def measure(shape: str, rounds: int) -> dict:
     from bench.grid import build_model, point_spec
     from grpo.config import build_config
     from grpo.modeling import fused_head
-    from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
+    from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.modeling.heap import set_mmap_threshold
     from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
     from grpo.modeling.models import load_policy
     from grpo.training.update import micro_batch_tokens

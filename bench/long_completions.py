@@ -88,7 +88,8 @@ import torch
 torch.set_num_threads(1)
 from bench.common import PeakRSS
 from grpo.config import build_config
-from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
+from grpo.modeling.cpu_kernels import use_cpu_matmul
+from grpo.modeling.heap import set_mmap_threshold
 from grpo.modeling.lean_layers import use_lean_layers
 from grpo.modeling.models import load_policy
 from grpo.training.update import build_optimizer, policy_update

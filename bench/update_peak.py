@@ -72,7 +72,8 @@ def child(name: str) -> dict:
     from bench.common import PeakRSS, build_bench_model, matmul_peak_flops
     from bench.speed import MODELS_DIR, forward_flops
     from grpo.modeling import native_gemm
-    from grpo.modeling.cpu_kernels import set_mmap_threshold, use_cpu_matmul
+    from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.modeling.heap import set_mmap_threshold
     from grpo.modeling.grad_in_place import gradient_buffer
     from grpo.modeling.heap import use_huge_pages
     from grpo.modeling.lean_layers import use_lean_layers

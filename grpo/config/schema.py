@@ -249,9 +249,9 @@ class TrainConfig:
                                "attention implementations always keep sdpa.")
     huge_pages: bool = _f(True, "CPU runtime, Linux: the update's flat gradient buffer (train.grad_buffer) is advised as "
                           "2 MiB transparent huge pages before its zero fill (where the kernel's THP mode is madvise "
-                          "or always): ~200 page faults instead of ~100 k at 100M parameters, 14-19 ms against 70-88 ms "
-                          "per update on an AMD EPYC VM, whose first such buffer took 0.47 s once. Same values and "
-                          "resident size.")
+                          "or always). Where the kernel has free 2 MiB pages: ~200 page faults instead of ~100 k at 100M "
+                          "parameters, 14-19 ms against 70-88 ms per update on an AMD EPYC VM, whose first such buffer "
+                          "took 0.47 s once; where it has none, 4 KiB pages as before. Same values and resident size.")
     grad_buffer: bool = _f(True, "CPU runtime, one process: the update's gradients start as zeroed views of one flat "
                            "buffer instead of tensors made one by one in the first backward pass (same values). Those "
                            "land in the holes the first micro-batch's activations leave, and the heap grows by part of "

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from grpo.modeling import native_gemm
 from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, InputCasts, accumulate_grad, cast_linear
-from grpo.modeling.heap import release_free_heap, set_mmap_threshold  # noqa: F401  (their home before grpo.modeling.heap)
 from grpo.modeling.workspace import held
 
 MODES = ("auto", "onednn", "aten")

@@ -275,7 +275,6 @@ def _forward(hidden, weight, bias, tokens, temperature, with_entropy, chunk, cas
     return logp, entropy, lse, last
 
 
-
 def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
                   with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax((hidden W^T + b) / temperature)[tokens] and the entropies, `chunk_size` rows of logits at a

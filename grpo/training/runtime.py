@@ -137,7 +137,7 @@ class CpuRuntime:
     def release_memory(self) -> None:
         """`train.malloc_trim`: the heap's free pages back to the OS (glibc); the loop calls it once per step, between
         the experience (rollout, reference pass) and the update."""
-        from grpo.modeling.cpu_kernels import release_free_heap
+        from grpo.modeling.heap import release_free_heap
 
         if self.cfg.train.malloc_trim:
             release_free_heap()

@@ -299,13 +299,13 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
 
     monkeypatch.setattr(experience, "sample", sample)
     monkeypatch.setattr(trainer_module, "policy_update", update)
-    import grpo.modeling.cpu_kernels as kernels                 # train.malloc_trim: once per step, before the update
+    from grpo.modeling import heap                              # train.malloc_trim: once per step, before the update
 
     def trim():
         seen["in_update"].append("trim")
         return True
 
-    monkeypatch.setattr(kernels, "release_free_heap", trim)
+    monkeypatch.setattr(heap, "release_free_heap", trim)
     events = []
     from grpo import events as ev
     listener = lambda point, step: point == "update" and events.append(step)

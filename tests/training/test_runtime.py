@@ -34,10 +34,10 @@ def test_cuda_without_cuda_and_bad_names_are_config_errors():
 
 @pytest.mark.parametrize("setting", [True, False])
 def test_cpu_runtime_trims_the_heap_between_phases_as_set_and_cuda_never(monkeypatch, setting):
-    import grpo.modeling.cpu_kernels as kernels
+    from grpo.modeling import heap
 
     calls = []
-    monkeypatch.setattr(kernels, "release_free_heap", lambda: calls.append("trim") or True)
+    monkeypatch.setattr(heap, "release_free_heap", lambda: calls.append("trim") or True)
     cfg = build_config(overrides={"train.malloc_trim": setting})
     CpuRuntime(torch.device("cpu"), cfg).release_memory()
     assert calls == (["trim"] if setting else [])
