@@ -8,6 +8,7 @@ import math
 import os
 
 from grpo.config import Config, ConfigError
+from grpo.config.engine import ENGINE_NAMES
 
 #: `log.report_to` names -> the package each needs (grpo.state.tracking holds their writers).
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
@@ -198,6 +199,17 @@ def validate(cfg: Config) -> None:
          "train.precision=fp16 needs model.dtype=float32 (the loss scaler keeps float32 master weights)"),
         (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),
         (cfg.rollout.decode_kernel in ("auto", "native", "onednn"), "rollout.decode_kernel must be auto | native | onednn"),
+        (cfg.rollout.engine in ENGINE_NAMES, f"rollout.engine must be {' | '.join(ENGINE_NAMES)}, got '{cfg.rollout.engine}'"),
+        (cfg.rollout.vllm.mode in ("colocate", "server"), "rollout.vllm.mode must be colocate | server"),
+        (0 < cfg.rollout.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization must be in (0, 1]"),
+        (cfg.rollout.vllm.kv_cache_gb > 0 and cfg.rollout.vllm.tensor_parallel_size >= 1
+         and cfg.rollout.vllm.max_model_length >= 0 and cfg.rollout.vllm.server_timeout > 0,
+         "rollout.vllm.kv_cache_gb and server_timeout must be > 0, tensor_parallel_size >= 1, max_model_length >= 0"),
+        (cfg.rollout.vllm.model_impl in ("auto", "vllm", "transformers"),
+         "rollout.vllm.model_impl must be auto | vllm | transformers"),
+        (cfg.rollout.vllm.enforce_eager in ("auto", "true", "false"), "rollout.vllm.enforce_eager must be auto | true | false"),
+        (cfg.rollout.vllm.dtype in ("auto", "float32", "bfloat16", "float16"),
+         "rollout.vllm.dtype must be auto | float32 | bfloat16 | float16"),
         (cfg.train.grad_kernel in ("auto", "native", "onednn"), "train.grad_kernel must be auto | native | onednn"),
         (cfg.train.elementwise_kernel in ("auto", "native", "torch"),
          "train.elementwise_kernel must be auto | native | torch"),

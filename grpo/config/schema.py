@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config.algorithm import AlgorithmConfig
+from grpo.config.engine import VllmConfig
 from grpo.config.fields import _f
 from grpo.config.flow import FlowConfig
 from grpo.config.health import HealthConfig
@@ -85,6 +86,9 @@ ROLLOUT_PRECISIONS: dict[str, str] = {"auto": "auto", "fp32": "fp32", "bf16": "b
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    engine: str = _f("auto", "What generates the rollouts (docs/engines.md): auto (the fastest measured for the device: "
+                     "native on CPU; vllm on CUDA when installed) | native (grpo's keyed sampler) | transformers "
+                     "(model.generate) | vllm (rollout.vllm: colocated or a `grpo vllm-serve` server).")
     num_generations: int = _f(8, "G: completions sampled per prompt (TRL: num_generations; verl: rollout.n).")
     max_new_tokens: int = _f(48, "Maximum completion length in tokens (TRL: max_completion_length); a completion "
                              "ends earlier at any EOS id: the tokenizer's and every id of the model's "
@@ -119,6 +123,9 @@ class RolloutConfig:
     max_observation_chars: int = _f(512, "Longer tool outputs are cut to this many characters.")
     observation_format: str = _f("<tool_response>{}</tool_response>", "How an observation is written into the "
                                  "episode ({} = the tool's text); its tokens are context, never trained on.")
+    vllm: VllmConfig = field(default_factory=VllmConfig,
+                             metadata={"help": "The vLLM engine (rollout.engine vllm): {mode, gpu_memory_utilization, "
+                                               "server_base_url, ...} (keys below)."})
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from grpo.envs.agent import EpisodeDriver
 from grpo.envs.environment import EnvFactory, resolve
 from grpo.envs.parsers import load_parser
 from grpo.rollout.eos import eos_token_ids
-from grpo.rollout.multiturn import sample_episodes
+from grpo.rollout.engines.native import NativeEngine
+from grpo.rollout.params import rollout_params
 from grpo.types import Generation
 
 
@@ -27,11 +28,12 @@ class Episodes:
 
 
 def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                  factory: EnvFactory, cfg: Config, k: int, index: list[int], device) -> Episodes:
+                  factory: EnvFactory, cfg: Config, k: int, index: list[int], device, engine=None) -> Episodes:
     """k episodes of each row (row i*k+j: episode j of prompt i), each in a fresh environment.
 
     An environment whose reset() returns text replaces the prompt of its group with it (the first
     episode's text counts: a group shares its prompt); None keeps the row's prompt.
+    `engine` (grpo/rollout/engine.py) plays them; None: the native sampler on `model`.
     Shape: prompt_ids, prompt_mask [B, P] -> Episodes of N = B * k rows."""
     ro = cfg.rollout
     if ro.repetition_penalty != 1.0:        # the env object may come from Trainer(env=...), past the config check
@@ -48,10 +50,10 @@ def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torc
     driver = EpisodeDriver(tokenizer, envs, load_parser(ro.tool_parser), max_turns=ro.max_turns,
                            observation_format=ro.observation_format, timeout_s=ro.tool_timeout_s,
                            max_chars=ro.max_observation_chars, eos_token_ids=eos)
-    gen = sample_episodes(model, prompt_ids.to(device), prompt_mask.to(device), driver, num_generations=k,
-                          max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                          top_k=ro.top_k, min_p=ro.min_p, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
-                          seed=cfg.train.seed, prompt_index=torch.tensor(index, dtype=torch.long, device=device))
+    engine = engine or NativeEngine(model, tokenizer.pad_token_id)
+    params = rollout_params(ro, eos, cfg.train.seed, n=k)
+    gen = engine.generate_episodes(prompt_ids.to(device), prompt_mask.to(device), driver, params,
+                                   prompt_index=torch.tensor(index, dtype=torch.long, device=device))
     return Episodes(gen, driver.messages, {"turn_rewards": driver.turn_rewards}, driver.metrics())
 
 

@@ -12,7 +12,9 @@ from grpo.algorithms.sampling_metrics import maj_at_k, pass_at_k
 from grpo.data.prompts import tokenize_prompts
 from grpo.rewards import RewardFn, score
 from grpo.rewards.text import chat_completions
-from grpo.rollout import eos_token_ids, sample
+from grpo.rollout import eos_token_ids
+from grpo.rollout.engines.native import NativeEngine
+from grpo.rollout.params import SamplingParams
 
 
 def _decode(model, tokenizer, chunk: list[dict[str, Any]], start: int, *, max_new_tokens: int, temperature: float,
@@ -22,10 +24,11 @@ def _decode(model, tokenizer, chunk: list[dict[str, Any]], start: int, *, max_ne
 
     device = next(model.parameters()).device
     batch = tokenize_prompts(tokenizer, chunk, device)
-    gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=num_samples,
-                 max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_ids(tokenizer, model),
-                 pad_token_id=tokenizer.pad_token_id, seed=seed,
-                 prompt_index=torch.arange(start, start + len(chunk), device=device))   # [b] row keys
+    params = SamplingParams(n=num_samples, temperature=temperature, max_tokens=max_new_tokens,
+                            stop_token_ids=eos_token_ids(tokenizer, model), seed=seed)
+    gen = NativeEngine(model, tokenizer.pad_token_id).generate(
+        batch.prompt_ids, batch.prompt_mask, params,
+        prompt_index=torch.arange(start, start + len(chunk), device=device))                 # [b] row keys
     return batch, gen, decode_completions(tokenizer, gen)
 
 

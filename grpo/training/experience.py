@@ -28,7 +28,9 @@ from grpo.rewards import score
 from grpo.rewards.process import score_steps
 from grpo.rewards.text import chat_completions
 from grpo.envs.episodes import play_episodes, turn_ids
-from grpo.rollout import Generation, completion_text, eos_token_ids, sample
+from grpo.rollout import Generation, completion_text, eos_token_ids
+from grpo.rollout.engines.native import NativeEngine
+from grpo.rollout.params import rollout_params
 from grpo.rollout.batching import concat_generations, select_rows
 from grpo.algorithms.shaping import (gfpo_select, informative_groups, kl_in_reward, overlong_keep, process_advantages,
                           soft_overlong_penalty, token_step_ids, top_entropy_mask)
@@ -81,37 +83,36 @@ def lengths_of(gen: Generation) -> torch.Tensor:
     return gen.completion_mask.sum(dim=1).float()
 
 
-def _rollout(model, tokenizer, rows: list[dict], prompts, cfg: Config, k: int, index: list[int], keyed, device,
-             env) -> tuple[Generation, object]:
-    """k completions of each prompt row (multi-turn episodes with `env`): (Generation, episodes or None)."""
-    ro = cfg.rollout
+def _rollout(engine, model, tokenizer, rows: list[dict], prompts, cfg: Config, k: int, index: list[int], keyed,
+             device, env) -> tuple[Generation, object]:
+    """k completions of each prompt row through the engine (multi-turn episodes with `env`): (Generation,
+    episodes or None)."""
+    params = rollout_params(cfg.rollout, eos_token_ids(tokenizer, model), cfg.train.seed, n=k)  # tokenizer's + generation_config's EOS
     if env is not None:
         episodes = play_episodes(model, tokenizer, rows, prompts.prompt_ids, prompts.prompt_mask, env, cfg, k,
-                                 index, device)
+                                 index, device, engine=engine)
         return episodes.gen, episodes                                                       # [B*k, T]
-    return sample(model, prompts.prompt_ids, prompts.prompt_mask, num_generations=k,
-                  max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                  top_k=ro.top_k, min_p=ro.min_p, repetition_penalty=ro.repetition_penalty,
-                  eos_token_id=eos_token_ids(tokenizer, model),       # the tokenizer's + generation_config's
-                  pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed, prompt_index=keyed,
-                  model_inputs=prompts.model_inputs), None                                  # [B*k, T]
+    return engine.generate(prompts.prompt_ids, prompts.prompt_mask, params, prompt_index=keyed,
+                           model_inputs=prompts.model_inputs), None                         # [B*k, T]
 
 
 def draw_groups(model, tokenizer, rows: list[dict], rewards, cfg: Config, index: list[int], device,
-                env=None) -> Groups:
+                env=None, engine=None) -> Groups:
     """Sample k completions for each prompt row and score them (k = gfpo_sample_size or G).
 
     `index`: each row's global position in the prompt order; with `train.seed` it keys the row's sampling
     (grpo/rollout/keyed.py), so a prompt gets the same k completions on any rank and in any batch.
     `env` (grpo.envs.EnvFactory, `rollout.env`): k multi-turn episodes per row instead; reward functions
-    then receive each episode's message list (assistant and tool turns) as its completion."""
+    then receive each episode's message list (assistant and tool turns) as its completion. `engine`
+    (grpo/rollout/engine.py) generates; None: the native sampler on `model`."""
     ro, algo = cfg.rollout, cfg.algorithm
     k = algo.gfpo_sample_size or ro.num_generations
     prompts = tokenize_prompts(tokenizer, rows, device)                                     # [B, P]
     t0 = time.perf_counter()
     keyed = torch.tensor(index, dtype=torch.long, device=device)
     with rollout_autocast(device, ro.precision, cfg.train.precision):                       # rollout.precision
-        gen, episodes = _rollout(model, tokenizer, rows, prompts, cfg, k, index, keyed, device, env)
+        gen, episodes = _rollout(engine or NativeEngine(model, tokenizer.pad_token_id), model, tokenizer, rows,
+                                 prompts, cfg, k, index, keyed, device, env)
     sample_s = time.perf_counter() - t0
     completions = decode_completions(tokenizer, gen)
     per_prompt = repeat_each(prompts.prompts, k)
@@ -153,12 +154,13 @@ def concat_groups(parts: list[Groups], pad_token_id: int) -> Groups:
                   torch.cat([p.per_function for p in parts]), torch.cat([p.total for p in parts]))
 
 
-def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config, device, env=None) -> tuple[Groups, dict]:
+def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config, device, env=None,
+                   engine=None) -> tuple[Groups, dict]:
     """B scored groups; with dynamic sampling, groups whose rewards all tie are replaced by fresh ones
     (at most `max_sampling_tries` extra rounds; short batches are topped up with tied groups)."""
     B, G, algo = cfg.train.prompts_per_step, cfg.rollout.num_generations, cfg.algorithm
     rows, index = stream.next_indexed(B)                   # index: global draw positions, keys of the sampling
-    first = draw_groups(model, tokenizer, rows, rewards, cfg, index, device, env)
+    first = draw_groups(model, tokenizer, rows, rewards, cfg, index, device, env, engine)
     if not algo.dynamic_sampling:
         return first, dict(first.metrics)
     kept, spare, drawn, tries, sample_s = [], [], B, 0, first.sample_s
@@ -178,7 +180,7 @@ def collect_groups(model, tokenizer, stream: PromptStream, rewards, cfg: Config,
         tries += 1
         drawn += B - have
         rows, index = stream.next_indexed(B - have)        # fresh prompts: fresh keys
-        current = draw_groups(model, tokenizer, rows, rewards, cfg, index, device, env)
+        current = draw_groups(model, tokenizer, rows, rewards, cfg, index, device, env, engine)
         sample_s += current.sample_s
         errors.update(current.errors)
     informative_count = sum(p.total.numel() for p in kept) // G
@@ -201,14 +203,14 @@ def process_token_advantages(tokenizer, groups: Groups, step_rewards: list, cfg:
 
 
 def make_experience(model, tokenizer, stream: PromptStream, rewards, step_rewards, reference, cfg: Config,
-                    device, max_tokens: int | None = None, env=None, critic=None) -> Experience:
+                    device, max_tokens: int | None = None, env=None, critic=None, engine=None) -> Experience:
     """Everything one GRPO step trains on (see the module docstring for the order of stages).
     `max_tokens`: the token budget of the reference / old-policy passes (the runtime's
     micro_batch_tokens; None = train.micro_batch_tokens resolved for the CPU). `critic`
     (grpo.training.critic.PromptCritic, Hybrid GRPO): its estimator replaces algorithm.advantage_estimator."""
     algo, ro, mb = cfg.algorithm, cfg.rollout, cfg.train.micro_batch_size
     G = ro.num_generations
-    groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, device, env)
+    groups, metrics = collect_groups(model, tokenizer, stream, rewards, cfg, device, env, engine)
     gen = groups.gen
     input_ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)                # [N, P + T]
     attention_mask = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)        # [N, P + T]

@@ -56,6 +56,7 @@ from grpo.types import TrainBatch
 from grpo.training.update import UpdateStats, build_optimizer, policy_update
 from grpo.training.world import init_world
 from grpo.training.trl_view import TrlProgress
+from grpo.rollout.engine import build_engine
 from grpo.health.monitor import read_jsonl
 
 
@@ -196,7 +197,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
     start = time.perf_counter()
     cfg, runtime, callbacks = job.cfg, job.runtime, job.callbacks
     tc, algo = cfg.train, cfg.algorithm
-    with deterministic_mode(tc.deterministic):
+    with deterministic_mode(tc.deterministic), contextlib.ExitStack() as stack:
         seed_everything(tc.seed)
         state, prompt_set = initial_state(job)
         cfg, tc = job.cfg, job.cfg.train                       # train.num_train_epochs: max_steps resolved
@@ -209,6 +210,8 @@ def _run(job: Job, world, out: Path) -> TrainResult:
             check_resumable(ckpt, cfg)
             restore(state, ckpt, cfg)
         world.prepare(state, cfg)
+        engine = build_engine(run_cfg, model, tokenizer, runtime.device)   # rollout.engine: after restore, so a
+        stack.callback(engine.close)                                       # vLLM engine starts from these weights
         first = announce_run(out, cfg, ckpt) if world.is_main else (ckpt.step if ckpt else 0) + 1
         health = HealthMonitor(cfg, out, first, enabled=world.is_main)   # reads back a resumed run's history
         world.barrier()
@@ -216,6 +219,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows), state.optimizer)   # may refuse
         if world.is_main:
             print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
+            print(f"grpo: rollout engine {engine.name} (rollout.engine {cfg.rollout.engine})", flush=True)
         budget = plan.logprob_tokens                           # tokens per no-grad pass (reference, old policy)
         record: dict[str, Any] = {}
         progress = TrlProgress(cfg, len(prompt_set.rows), read_jsonl(out / cfg.log.metrics_file, first),  # TRL's counts
@@ -227,10 +231,12 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 runtime.reset_memory_stats()
                 t0 = time.perf_counter()
                 callbacks.step_begin(step)
+                engine.wake()                                  # vLLM sleep mode: weights and KV cache back
                 with reward_context(progress.reward_state(step)) as reward_log, autocast(runtime.device, tc.precision):   # train.precision
                     exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
                                           state.reference, run_cfg, runtime.device, max_tokens=budget, env=job.env,
-                                          critic=critic_of(state.extras))
+                                          critic=critic_of(state.extras), engine=engine)
+                engine.sleep()                                 # vLLM sleep mode: its memory off the update's
                 emit("rollout", step)
                 runtime.release_memory()                       # train.malloc_trim: the rollout's heap holes off the update
                                                                # (once: a trim after the update cost 1-8 %, same peak)
@@ -240,6 +246,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                              for _ in range(algo.num_iterations)
                              for part in mini_batches(exp.batch, algo.mini_batches)]    # PPO epochs x mini-batches
                 world.after_update(state)                      # FSDP2: new full weights into the rollout model
+                engine.sync_weights(model)                     # vLLM: the updated weights in, prefix cache reset
                 times = {"update_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
                          "experience_s": t1 - t0}
                 if state.reference is not None and algo.ref_update_steps and step % algo.ref_update_steps == 0:

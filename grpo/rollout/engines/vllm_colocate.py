@@ -1,0 +1,1 @@
+"""The colocated vLLM engine: being written."""

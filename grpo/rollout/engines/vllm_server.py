@@ -1,0 +1,1 @@
+"""The vLLM server engine (rollout.vllm.mode server): being written."""
