@@ -144,7 +144,8 @@ def _unknown(key: str) -> ConfigError:
 
 
 def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Build a validated Config from a nested dict (YAML) and flat `section.key` overrides."""
+    """Build a validated Config from a nested dict (YAML) and flat `section.key` overrides. Under rollout.engine
+    vllm, algorithm.rollout_correction not given anywhere is TRL's default (grpo/config/trl_vllm.py)."""
     merged: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     algo_section = (nested or {}).get("algorithm")
     preset = (overrides or {}).get("algorithm.preset") or (algo_section.get("preset") if isinstance(algo_section, dict) else None)
@@ -172,6 +173,10 @@ def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any]
             merged[section][target] = {**group, ".".join(path): value}
         else:
             merged[section][key] = value
+    if merged["rollout"].get("engine") == "vllm" and "rollout_correction" not in merged["algorithm"]:
+        from grpo.config.trl_vllm import VLLM_ROLLOUT_CORRECTION   # TRL corrects vLLM's samples unless told not to
+
+        merged["algorithm"]["rollout_correction"] = VLLM_ROLLOUT_CORRECTION
     cfg = Config(**{section: _build(cls, merged[section], section) for section, cls in SECTIONS.items()})
     from grpo.config.checks import validate   # the cross-field rules live beside the schema
 

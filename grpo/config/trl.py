@@ -6,9 +6,10 @@
 of ours (:data:`BATCH_KEYS`, :data:`REF_SYNC_KEYS`, :data:`REWARD_KEYS`, `loss_type`: :data:`LOSS_TYPES`). The model,
 dataset and reward keys of TRL's ModelConfig and `trl grpo` script arguments (`model_name_or_path`,
 `dtype`, `use_peft`, `lora_r`, `dataset_name`, `reward_funcs`, ...) map too, so a `trl grpo --config`
-file is read as it is. Keys that change nothing here (:data:`NO_EFFECT`: logging cadence, the vLLM
-backend) are accepted with a note, and so are recipe keys at TRL's default (:data:`IF_DEFAULT`: `model_revision:
-main`, `push_to_hub: false`, ...; another value is an error); any other TRL key is an error that names it.
+file is read as it is, and so do the generation-backend keys (`use_vllm`, `vllm_*`: grpo/config/trl_vllm.py).
+Keys that change nothing here (:data:`NO_EFFECT`: logging cadence, `vllm_group_port`) are accepted with a note,
+and so are recipe keys at TRL's default (:data:`IF_DEFAULT`: `model_revision: main`, `push_to_hub: false`, ...;
+another value is an error); any other TRL key is an error that names it.
 Values are first checked and converted as TRL's parser reads them (grpo/config/trl_values.py): a bad one is an
 error naming the key and the value. Of a dict or recipe only the keys given are mapped: TRL's defaults are not
 ours (TRL's beta is 0.0, ours 0.04; docs/migrating-from-trl.md lists every default that differs). A GRPOConfig
@@ -25,6 +26,7 @@ from typing import Any, Callable
 from grpo.config import ConfigError
 from grpo.config.trl_values import (IF_DEFAULT, check_values, dtype_value, generation_overrides, lr_scheduler_value,
                                      model_init_overrides, report_to_value, same_value, scale_rewards_value)
+from grpo.config.trl_vllm import ENGINE_NOTES, USE_VLLM_FALSE, VLLM_KEYS, engine_overrides
 
 
 #: TRL key -> (our key, value conversion).
@@ -97,6 +99,7 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "dataset_train_split": ("data.split", same_value),
     "chat_template_kwargs": ("data.chat_template_kwargs", lambda v: v or {}),
     "max_tool_calling_iterations": ("rollout.max_turns", same_value),
+    **VLLM_KEYS,                                # vllm_mode, vllm_gpu_memory_utilization, ... -> rollout.vllm.*
 }
 
 #: TRL's batch keys: completions per device per forward/backward, and the accumulation steps of one
@@ -136,12 +139,7 @@ NO_EFFECT = {
                     "sample completions: log.samples_per_step and report.html"),
     "do_eval": "evaluation follows eval_strategy / eval_steps (train.eval_steps)",
     "per_device_eval_batch_size": "evaluation batches are sized by the run",
-    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
-                     "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url", "vllm_server_host",
-                     "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_max_model_length",
-                     "cache_implementation", "use_transformers_paged", "use_transformers_continuous_batching",
-                     "transformers_continuous_batching_config"),
-                    "grpo's own sampler generates the rollouts"),
+    **ENGINE_NOTES,                             # vllm_group_port, cache_implementation, transformers' batching
     "ds3_gather_for_generation": "no DeepSpeed here (torchrun DDP / FSDP2)",
     "pad_to_multiple_of": "padding changes no value here",
     **dict.fromkeys(("log_multimodal", "log_unique_prompts", "log_completions_hub_repo"),
@@ -150,7 +148,7 @@ NO_EFFECT = {
 
 ALL_KEYS = (set(TRL_KEYS) | set(BATCH_KEYS) | set(STEP_KEYS) | set(REF_SYNC_KEYS) | set(REWARD_KEYS) | set(PRECISION_KEYS)
             | set(NO_EFFECT) | set(IF_DEFAULT) | set(WARMUP_KEYS) | {"loss_type", "multi_objective_aggregation", "model_init_kwargs",
-                                "vllm_importance_sampling_correction", "generation_kwargs"})
+                                "vllm_importance_sampling_correction", "generation_kwargs", "use_vllm"})
 
 
 def is_trl_key(key: str) -> bool:
@@ -369,7 +367,8 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
                            (("loss_type", "epsilon_high") if trl.get("loss_type") == "cispo" else ("loss_type",),
                             _loss(trl)), (("multi_objective_aggregation",), _objectives(trl)),
                            (("model_init_kwargs", "vllm_importance_sampling_correction"), model_init_overrides(trl)),
-                           (("generation_kwargs",), generation_overrides(trl))):
+                           (("generation_kwargs",), generation_overrides(trl)),
+                           (("use_vllm",), engine_overrides(trl))):
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")
@@ -390,6 +389,7 @@ def _as_trl_does(trl: dict[str, Any], overrides: dict[str, Any], lines: list[str
         overrides["optim.warmup_steps"] = 0
         lines.append("warmup ignored under lr_scheduler_type constant, as transformers does (constant_with_warmup "
                      "warms up)")
+    lines += [USE_VLLM_FALSE] if trl.get("use_vllm") is False else []     # rollout.engine stays (trl_vllm.py)
     if trl.get("top_entropy_quantile") == 0:
         lines.append("top_entropy_quantile 0.0 -> only the highest-entropy token of the step's batch trains")
     return overrides

@@ -25,7 +25,15 @@ ONLY_IF_SET = {
     **dict.fromkeys(("vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
                      "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_min",
                      "vllm_importance_sampling_clip_max"),
-                    "TRL corrects only vLLM's samples (use_vllm, off by default); grpo's own sampler needs none"),
+                    "TRL corrects vLLM's samples only (use_vllm); under rollout.engine vllm grpo turns the correction "
+                    "on itself at these defaults (sequence_mask, C_max 3.0), and the native and transformers engines, "
+                    "which sample from the policy being trained, are left uncorrected unless it is set"),
+    **dict.fromkeys(("vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "vllm_enable_sleep_mode",
+                     "vllm_max_model_length", "vllm_model_impl", "vllm_server_base_url", "vllm_server_host",
+                     "vllm_server_port", "vllm_server_timeout"),
+                    "rollout.vllm's defaults are TRL's or change no result: model_impl auto (vLLM's choice), "
+                    "server_host 127.0.0.1 (the local server TRL's 0.0.0.0 reaches), max_model_length 0 (sized from "
+                    "the prompts; TRL: the model's)"),
     "max_tool_calling_iterations": "TRL's None (no limit) has no equivalent: rollout.max_turns keeps its 4",
     **dict.fromkeys(("save_steps", "save_strategy", "eval_steps", "eval_strategy", "save_total_limit"),
                     "checkpoint / evaluation cadence trains nothing; TRL's save_steps 500 counts optimizer "

@@ -35,7 +35,8 @@ INT_KEYS = {"num_generations": 1, "per_device_train_batch_size": 1, "gradient_ac
             "steps_per_generation": 1, "generation_batch_size": 1, "num_iterations": 1, "max_completion_length": 1,
             "max_prompt_length": 1, "top_k": 0, "seed": 0, "save_total_limit": 0, "ref_model_sync_steps": 1,
             "lora_r": 1, "lora_alpha": 1, "max_tool_calling_iterations": 1, "max_steps": None, "data_seed": 0,
-            "num_generations_eval": 1, "dataloader_num_workers": 0, "dataloader_prefetch_factor": 1}
+            "num_generations_eval": 1, "dataloader_num_workers": 0, "dataloader_prefetch_factor": 1,
+            "vllm_tensor_parallel_size": 1, "vllm_server_port": 1, "vllm_group_port": 1, "vllm_max_model_length": 1}
 #: TRL's keys that are floats (a whole number or a fraction of the run for the *_steps ones).
 FLOAT_KEYS = frozenset((
     "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "temperature", "top_p", "min_p",
@@ -44,14 +45,16 @@ FLOAT_KEYS = frozenset((
     "off_policy_mask_threshold", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_min",
     "vllm_importance_sampling_clip_max", "ref_model_mixup_alpha", "entropy_coef", "entropy_target",
     "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "lora_dropout", "warmup_ratio", "warmup_steps",
-    "num_train_epochs", "save_steps", "eval_steps", "router_aux_loss_coef"))
+    "num_train_epochs", "save_steps", "eval_steps", "router_aux_loss_coef", "vllm_gpu_memory_utilization",
+    "vllm_server_timeout"))
 #: TRL's string keys (a number written for one is taken as its text, as TRL's parser does).
 STR_KEYS = frozenset((
     "output_dir", "run_name", "model_name_or_path", "dataset_name", "dataset_train_split", "dataset_test_split",
     "dataset_config", "attn_implementation", "importance_sampling_level", "vllm_importance_sampling_mode",
     "lr_scheduler_type", "loss_type", "save_strategy", "eval_strategy", "multi_objective_aggregation", "dtype",
     "torch_dtype", "reward_model_name_or_path", "model_revision", "lora_task_type", "optim", "bnb_4bit_quant_type",
-    "bnb_4bit_quant_storage", "vllm_structured_outputs_regex"))
+    "bnb_4bit_quant_storage", "vllm_structured_outputs_regex", "vllm_mode", "vllm_model_impl", "vllm_server_base_url",
+    "vllm_server_host", "cache_implementation"))
 #: TRL's list keys (`nargs='+'` on its command line) -> the type of their items; one value = a list of one.
 LIST_KEYS = {"reward_funcs": str, "report_to": str, "lora_target_modules": str, "reward_weights": float,
              "lora_modules_to_save": str, "lora_target_parameters": str}
@@ -67,7 +70,8 @@ NONE_OK = frozenset((
     "reward_funcs", "report_to", "lora_target_modules", "reward_weights", "bf16", "disable_tqdm",
     "multi_objective_aggregation", "max_steps", "num_train_epochs", "warmup_ratio", "data_seed", "num_generations_eval",
     "router_aux_loss_coef", "lora_modules_to_save", "lora_target_parameters", "bnb_4bit_quant_storage",
-    "vllm_structured_outputs_regex", "dataloader_prefetch_factor", "pad_to_multiple_of")) | DICT_KEYS
+    "vllm_structured_outputs_regex", "dataloader_prefetch_factor", "pad_to_multiple_of", "vllm_server_base_url",
+    "vllm_max_model_length", "cache_implementation", "transformers_continuous_batching_config")) | DICT_KEYS
 
 
 #: transformers' optimizer names grpo honours (its AdamW; fused is an implementation of the same update).
@@ -126,8 +130,8 @@ IF_DEFAULT: dict[str, tuple[Callable[[Any, dict], bool], str, str]] = {
                              "(train.precision autocasts with fp32 master weights): set it false"),
     "router_aux_loss_coef": (lambda v, t: v is None, "no MoE router auxiliary loss is added here", "{v}: the MoE "
                              "router's auxiliary loss is not added here: remove it"),
-    "vllm_structured_outputs_regex": (lambda v, t: v is None, "no vLLM here", "'{v}': no regex-constrained "
-                                      "generation here (grpo's own sampler): remove it"),
+    "vllm_structured_outputs_regex": (lambda v, t: v is None, "generation is unconstrained", "'{v}': grpo's engines "
+                                      "do not constrain generation by a regex: remove it"),
 }
 
 
@@ -267,20 +271,29 @@ MODEL_INIT_KEYS = {"dtype": "model.dtype", "torch_dtype": "model.dtype", "attn_i
                    "trust_remote_code": "model.trust_remote_code"}
 
 
-#: generation_kwargs entries -> our rollout keys.
-GENERATION_KEYS = {"temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k",
-                   "min_p": "rollout.min_p", "repetition_penalty": "rollout.repetition_penalty",
-                   "max_new_tokens": "rollout.max_new_tokens", "max_tokens": "rollout.max_new_tokens"}
+#: generation_kwargs entries (vLLM SamplingParams' / transformers GenerationConfig's names) -> (our rollout key, the
+#: TRL key whose type and meaning the value has).
+GENERATION_KEYS = {"temperature": ("rollout.temperature", "temperature"), "top_p": ("rollout.top_p", "top_p"),
+                   "top_k": ("rollout.top_k", "top_k"), "min_p": ("rollout.min_p", "min_p"),
+                   "repetition_penalty": ("rollout.repetition_penalty", "repetition_penalty"),
+                   "max_new_tokens": ("rollout.max_new_tokens", "max_completion_length"),
+                   "max_tokens": ("rollout.max_new_tokens", "max_completion_length")}
 
 
 def generation_overrides(trl: dict[str, Any]) -> dict[str, Any]:
-    """generation_kwargs (TRL: extra sampling arguments, overriding its own) -> rollout.* keys."""
+    """generation_kwargs (TRL: extra sampling arguments to vLLM's SamplingParams or transformers' GenerationConfig,
+    overriding TRL's own keys, as they do here) -> rollout.* keys; an argument grpo has no key for is an error."""
     kwargs = trl.get("generation_kwargs") or {}
     unknown = [k for k in kwargs if k not in GENERATION_KEYS]
     if unknown:
-        raise ConfigError(f"TRL key generation_kwargs: {', '.join(unknown)} has no equivalent here (known: "
+        raise ConfigError(f"TRL key generation_kwargs: {', '.join(map(str, unknown))} has no equivalent here (known: "
                           f"{', '.join(GENERATION_KEYS)})")
-    return {GENERATION_KEYS[k]: (0 if v is None and k in ("top_k", "min_p") else v) for k, v in kwargs.items()}
+    out = {}
+    for key, value in kwargs.items():
+        ours, like = GENERATION_KEYS[key]
+        value = check_value(like, value, f"TRL key generation_kwargs['{key}']")
+        out[ours] = 0 if value is None else value          # top_k / min_p None: off (as TRL's keys)
+    return out
 
 
 def model_init_overrides(trl: dict[str, Any]) -> dict[str, Any]:

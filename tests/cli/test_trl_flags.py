@@ -56,6 +56,36 @@ def test_negated_and_json_and_text_flags():
                            trl=True) == {"generation_kwargs": {"top_k": 5}, "run_name": "yes", "max_steps": -1}
 
 
+def test_vllm_flags_read_as_trl_reads_them():
+    """A bare --use_vllm is true; host and URL stay text; `none` is TRL's None for vllm_max_model_length."""
+    assert parse_overrides(["--use_vllm", "--vllm_mode", "server", "--vllm_server_host", "0.0.0.0",
+                            "--vllm-server-base-url", "http://gen:8000", "--vllm_max_model_length", "none",
+                            "--vllm_gpu_memory_utilization", "0.45", "--vllm_server_port", "8001"], trl=True) == {
+        "use_vllm": True, "vllm_mode": "server", "vllm_server_host": "0.0.0.0", "vllm_server_base_url": "http://gen:8000",
+        "vllm_max_model_length": None, "vllm_gpu_memory_utilization": 0.45, "vllm_server_port": 8001}
+    with pytest.raises(ConfigError, match="TRL flag --vllm_mode needs a value"):
+        parse_overrides(["--vllm_mode"], trl=True)
+    with pytest.raises(ConfigError, match="TRL flag --vllm_server_port expects an integer, got 'x'"):
+        parse_overrides(["--vllm_server_port", "x"], trl=True)
+
+
+def test_a_vllm_recipe_file_sets_the_engine(tmp_path):
+    from grpo.cli.main import resolve_given
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("use_vllm: true\nvllm_mode: colocate\nvllm_gpu_memory_utilization: 0.5\n"
+                      "generation_kwargs: {max_tokens: 40, top_p: 0.95}\n")
+    cfg = resolve_given(str(recipe), [], {})
+    assert (cfg.rollout.engine, cfg.rollout.vllm.mode, cfg.rollout.vllm.gpu_memory_utilization) == ("vllm", "colocate", 0.5)
+    assert (cfg.rollout.max_new_tokens, cfg.rollout.top_p, cfg.algorithm.rollout_correction) == (40, 0.95, "sequence_mask")
+    recipe.write_text("use_vllm: true\nvllm_mode: remote\n")
+    with pytest.raises(ConfigError, match=f"^{recipe}: TRL key 'vllm_mode': 'remote' is none of colocate \\| server$"):
+        resolve_given(str(recipe), [], {})
+    recipe.write_text("generation_kwargs: {num_beams: 4}\n")
+    with pytest.raises(ConfigError, match=f"^{recipe}: TRL key generation_kwargs: num_beams has no equivalent here"):
+        resolve_given(str(recipe), [], {})
+
+
 def test_recipe_file_errors_name_the_file_and_the_trl_key(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("learning_rate: 1.0e-6\nnum_generations: abc\n")

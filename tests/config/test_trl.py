@@ -175,6 +175,24 @@ CASES = [
     ({"reward_funcs": ["accuracy", "my_rewards.reward_len"]}, {"reward.functions": ["accuracy", "my_rewards.reward_len"]}),
     ({"reward_funcs": "format"}, {"reward.functions": ["format"]}),
     ({"reward_model_name_or_path": "rm_dir", "reward_funcs": ["format"]}, {"reward.functions": ["rm_dir", "format"]}),
+    # the generation backend: use_vllm -> rollout.engine, vllm_* -> rollout.vllm.*
+    ({"use_vllm": True}, {"rollout.engine": "vllm"}),
+    ({"use_vllm": False}, {}),                                  # rollout.engine stays auto
+    ({"use_vllm": "true", "vllm_mode": "server", "vllm_server_base_url": "http://10.0.0.2:8001",
+      "vllm_server_timeout": 60},
+     {"rollout.engine": "vllm", "rollout.vllm.mode": "server", "rollout.vllm.server_base_url": "http://10.0.0.2:8001",
+      "rollout.vllm.server_timeout": 60.0}),
+    ({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5, "vllm_tensor_parallel_size": 2,
+      "vllm_enable_sleep_mode": True, "vllm_max_model_length": 4096, "vllm_model_impl": "transformers"},
+     {"rollout.vllm.mode": "colocate", "rollout.vllm.gpu_memory_utilization": 0.5,
+      "rollout.vllm.tensor_parallel_size": 2, "rollout.vllm.enable_sleep_mode": True,
+      "rollout.vllm.max_model_length": 4096, "rollout.vllm.model_impl": "transformers"}),
+    ({"vllm_max_model_length": None, "vllm_server_host": "10.0.0.3", "vllm_server_port": "8100",
+      "vllm_server_base_url": None},
+     {"rollout.vllm.max_model_length": 0, "rollout.vllm.server_host": "10.0.0.3", "rollout.vllm.server_port": 8100}),
+    ({"generation_kwargs": {"max_tokens": 32, "temperature": "0.7", "top_p": 0.9}, "temperature": 1.2},
+     {"rollout.max_new_tokens": 32, "rollout.temperature": 0.7, "rollout.top_p": 0.9}),   # they win, as in TRL
+    ({"generation_kwargs": {"max_new_tokens": 24, "min_p": None}}, {"rollout.max_new_tokens": 24, "rollout.min_p": 0.0}),
 ]
 
 
@@ -277,7 +295,24 @@ def test_our_keys_win_over_trl_keys_in_one_dict():
     ({"num_generations_eval": 4}, "TRL key 'num_generations_eval': 4: grpo's evaluation decodes one greedy"),
     ({"cast_lm_head_to_fp32": True}, "TRL key 'cast_lm_head_to_fp32': no fp32 LM-head cast here"),
     ({"router_aux_loss_coef": 0.001}, "TRL key 'router_aux_loss_coef': 0.001: the MoE router's auxiliary loss"),
-    ({"vllm_structured_outputs_regex": "a+"}, "TRL key 'vllm_structured_outputs_regex': 'a\\+': no regex-constrained"),
+    ({"vllm_structured_outputs_regex": "a+"}, "TRL key 'vllm_structured_outputs_regex': 'a\\+': grpo's engines do "
+                                              "not constrain generation by a regex"),
+    ({"vllm_mode": "remote"}, "^TRL key 'vllm_mode': 'remote' is none of colocate \\| server$"),
+    ({"vllm_model_impl": "sglang"}, "^TRL key 'vllm_model_impl': 'sglang' is none of vllm \\| transformers \\| auto$"),
+    ({"vllm_gpu_memory_utilization": 1.5}, "^TRL key 'vllm_gpu_memory_utilization' must be in \\(0, 1\\], got 1.5$"),
+    ({"vllm_gpu_memory_utilization": "half"}, "^TRL key 'vllm_gpu_memory_utilization' expects a number, got 'half'$"),
+    ({"vllm_server_timeout": 0}, "^TRL key 'vllm_server_timeout' must be > 0 seconds, got 0"),
+    ({"vllm_server_port": 0}, "^TRL key 'vllm_server_port' must be >= 1, got 0$"),
+    ({"vllm_tensor_parallel_size": "two"}, "^TRL key 'vllm_tensor_parallel_size' expects an integer, got 'two'$"),
+    ({"vllm_max_model_length": 0}, "^TRL key 'vllm_max_model_length' must be >= 1, got 0$"),
+    ({"use_vllm": "sometimes"}, "^TRL key 'use_vllm' expects true or false"),
+    ({"generation_kwargs": {"temperature": 0.7, "presence_penalty": 0.5}},
+     "^TRL key generation_kwargs: presence_penalty has no equivalent here \\(known: temperature, top_p, top_k, min_p, "
+     "repetition_penalty, max_new_tokens, max_tokens\\)$"),
+    ({"generation_kwargs": {"temperature": "hot"}}, "^TRL key generation_kwargs\\['temperature'\\] expects a number, "
+                                                    "got 'hot'$"),
+    ({"generation_kwargs": {"max_tokens": 0}}, "^TRL key generation_kwargs\\['max_tokens'\\] must be >= 1, got 0$"),
+    ({"generation_kwargs": {"temperature": None}}, "^TRL key generation_kwargs\\['temperature'\\] needs a value"),
     ({"steps_per_generation": 3, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 8},
      "steps_per_generation=3 is not a multiple of gradient_accumulation_steps=2"),
 ])

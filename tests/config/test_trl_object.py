@@ -49,6 +49,16 @@ class GRPOConfig:
     gradient_checkpointing: bool = True
     debug: str | list = ""
     pad_to_multiple_of: int | str | None = "auto"    # declared "auto", resolved to None (TRL: 128 on neuron)
+    use_vllm: bool = False                           # TRL 1.16's generation-backend fields and defaults
+    vllm_mode: str = "colocate"
+    vllm_model_impl: str = "vllm"
+    vllm_server_host: str = "0.0.0.0"
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_max_model_length: int | None = None
+    vllm_group_port: int = 51216
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
 
     def __post_init__(self):
         self.pad_to_multiple_of = None if self.pad_to_multiple_of == "auto" else self.pad_to_multiple_of
@@ -112,6 +122,23 @@ def test_a_field_grpo_does_not_map_is_an_error_once_set():
         resolve_config(WithExtra(label_smoothing_factor=0.1))
 
 
+def test_vllm_fields_map_when_set_and_their_defaults_change_nothing():
+    """use_vllm=True is rollout.engine vllm with TRL's rollout correction (sequence_mask, C_max 3.0); the vllm_*
+    fields at TRL's defaults leave rollout.vllm at grpo's (the same, or no result changes), and with use_vllm off
+    the correction fields' defaults correct nothing."""
+    cfg = resolve_config(GRPOConfig(use_vllm=True, vllm_gpu_memory_utilization=0.5, vllm_max_model_length=1024))
+    assert cfg == build_config(overrides={**TRL_DEFAULTS, "rollout.engine": "vllm",
+                                          "rollout.vllm.gpu_memory_utilization": 0.5,
+                                          "rollout.vllm.max_model_length": 1024})
+    assert (cfg.algorithm.rollout_correction, cfg.algorithm.rollout_correction_max) == ("sequence_mask", 3.0)
+    assert (cfg.rollout.vllm.mode, cfg.rollout.vllm.model_impl) == ("colocate", "auto")
+    off = resolve_config(GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=False, vllm_mode="server"))
+    assert (off.rollout.engine, off.rollout.vllm.mode, off.algorithm.rollout_correction) == ("vllm", "server", "none")
+    token = resolve_config(GRPOConfig(use_vllm=True, vllm_importance_sampling_mode="token_truncate"))
+    assert token.algorithm.rollout_correction == "token_truncate"
+    assert resolve_config(GRPOConfig()).algorithm.rollout_correction == "none"
+
+
 # ---------------------------------------------------------------- the real TRL GRPOConfig, when importable
 
 TRL_SITE = os.path.join(os.path.dirname(__file__), "..", "..", "bench", ".trl-venv", "lib",
@@ -156,6 +183,25 @@ def test_a_real_grpo_config_maps_what_the_user_set(tmp_path):
     assert (cfg.optim.lr_scheduler, cfg.train.save_steps, cfg.algorithm.scale_rewards) == ("cosine", 0, "none")
     assert (cfg.model.device, cfg.algorithm.loss_agg_mode, cfg.algorithm.beta) == ("cpu", "seq-mean-token-mean", 0.04)
     assert (cfg.rollout.max_new_tokens, cfg.train.seed, cfg.optim.adam_beta2) == (6, 42, 0.999)
+
+
+def test_a_real_grpo_config_with_vllm(tmp_path):
+    cfg = resolve_config(_real(output_dir=str(tmp_path), use_vllm=True, vllm_mode="colocate",
+                               vllm_gpu_memory_utilization=0.5, vllm_tensor_parallel_size=2, vllm_enable_sleep_mode=True,
+                               vllm_max_model_length=2048, generation_kwargs={"top_k": 20, "max_tokens": 64}))
+    vllm = cfg.rollout.vllm
+    assert cfg.rollout.engine == "vllm"
+    assert (vllm.mode, vllm.gpu_memory_utilization, vllm.tensor_parallel_size, vllm.enable_sleep_mode,
+            vllm.max_model_length, vllm.model_impl) == ("colocate", 0.5, 2, True, 2048, "auto")
+    assert (cfg.algorithm.rollout_correction, cfg.algorithm.rollout_correction_max,
+            cfg.algorithm.rollout_correction_min) == ("sequence_mask", 3.0, None)       # TRL's defaults
+    assert (cfg.rollout.top_k, cfg.rollout.max_new_tokens) == (20, 64)
+    server = resolve_config(_real(output_dir=str(tmp_path), use_vllm=True, vllm_mode="server",
+                                  vllm_server_base_url="http://gen:8000", vllm_importance_sampling_correction=False))
+    assert (server.rollout.vllm.mode, server.rollout.vllm.server_base_url) == ("server", "http://gen:8000")
+    assert server.algorithm.rollout_correction == "none"
+    plain = resolve_config(_real(output_dir=str(tmp_path)))
+    assert (plain.rollout.engine, plain.algorithm.rollout_correction) == ("auto", "none")
 
 
 def test_a_real_grpo_config_refuses_an_optimizer_grpo_lacks(tmp_path):
