@@ -50,3 +50,21 @@ class ScalarReads:
 
     def __exit__(self, *exc) -> None:
         self.mode.__exit__(*exc)
+
+
+#: `make test-vllm` sets GRPO_REQUIRE_VLLM=1: there a vllm-marked test that skips (vLLM failed to import, say)
+#: fails the run instead of passing unseen.
+_SKIPPED_VLLM: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    import os
+
+    if os.environ.get("GRPO_REQUIRE_VLLM") == "1" and report.skipped and "vllm" in report.keywords:
+        _SKIPPED_VLLM.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SKIPPED_VLLM:
+        print(f"\nGRPO_REQUIRE_VLLM: {len(_SKIPPED_VLLM)} vLLM test(s) skipped: {', '.join(_SKIPPED_VLLM)}")
+        session.exitstatus = 1
