@@ -18,6 +18,7 @@ from grpo.cli.pipeline import add_parser as add_pipeline_parser
 from grpo.cli.report import add_parser as add_report_parser
 from grpo.cli.reward_model import add_parser as add_reward_model_parser
 from grpo.cli.sample import add_parser as add_sample_parser
+from grpo.cli.vllm_serve import add_parser as add_vllm_serve_parser
 from grpo.config import ConfigError, field_help, load_yaml
 
 # Common options with flags of their own, and the config key each one sets.
@@ -299,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pipeline_parser(sub)
     add_report_parser(sub)
     add_flow_parser(sub)
+    add_vllm_serve_parser(sub)
 
     p = sub.add_parser("presets", help="Print every algorithm preset (paper and settings).")
     p.set_defaults(func=cmd_presets)

@@ -163,3 +163,17 @@ def test_lora_policy_syncs_merged_weights(policy, engine):
         torch.testing.assert_close(_vllm_logprobs(engine, gen)[mask], want[mask], atol=2e-4, rtol=1e-4)
     finally:
         engine.sync_weights(model)
+
+
+def test_a_batch_larger_than_one_step_of_tokens_keeps_its_seeds(policy, engine):
+    """50 seeded prompts of 100 tokens (5,000 prompt tokens, over vLLM's 4,096-token step): on the CPU backend a
+    chunked prefill would rewind a seeded CPU generator, which vLLM 0.32 cannot; whole prefills keep every
+    prompt's seed, and each prompt samples as it does alone."""
+    model, tok = policy
+    ids = torch.tensor([[4 + (i + j) % 20 for j in range(100)] for i in range(50)])
+    p = params(tok, model, n=2, temperature=1.0, max_tokens=8, seed=11)
+    many = engine.generate(ids, torch.ones_like(ids), p, prompt_index=torch.arange(50))
+    one = engine.generate(ids[37:38], torch.ones_like(ids[37:38]), p, prompt_index=torch.tensor([37]))
+    T = one.completion_ids.size(1)
+    assert many.completion_ids.shape[0] == 100
+    assert torch.equal(many.completion_ids[74:76, :T], one.completion_ids)

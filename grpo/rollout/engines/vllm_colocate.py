@@ -97,6 +97,14 @@ def max_model_len(cfg, model: torch.nn.Module) -> int:
     return limit
 
 
+def cpu_settings(kv_cache_gb: float, length: int) -> dict:
+    """vLLM's CPU backend: the KV cache size, and whole prefills. A chunked prefill discards the token it sampled
+    and rewinds the request's seeded generator, which a CPU generator cannot do (vLLM 0.32: "CPU Generator does
+    not use offset"), so every prompt is prefilled in one piece and the step's token budget holds the longest."""
+    return {"kv_cache_memory_bytes": int(kv_cache_gb * (1 << 30)), "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(4096, length)}
+
+
 def vllm_sampling(vllm, params: SamplingParams, seed: int, **extra):
     """grpo's SamplingParams as vLLM's, for one prompt."""
     return vllm.SamplingParams(
@@ -169,13 +177,14 @@ class VllmColocateEngine:
             base.save_pretrained(self._tmp)
             source = self._tmp
         eager = {"auto": device.type != "cuda", "true": True, "false": False}[vc.enforce_eager]
+        length = max_model_len(cfg, model)
         memory = ({"gpu_memory_utilization": vc.gpu_memory_utilization} if device.type == "cuda"
-                  else {"kv_cache_memory_bytes": int(vc.kv_cache_gb * (1 << 30))})
+                  else cpu_settings(vc.kv_cache_gb, length))
         launcher = ({"distributed_executor_backend": "external_launcher"}
                     if int(os.environ.get("WORLD_SIZE", "1")) > 1 else {})   # torchrun: one engine per rank
         with guarded_process_state():
             self.llm = self.vllm.LLM(
-                model=source, dtype=vllm_dtype(vc.dtype, model), max_model_len=max_model_len(cfg, model),
+                model=source, dtype=vllm_dtype(vc.dtype, model), max_model_len=length,
                 enforce_eager=eager, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
                 seed=cfg.train.seed, tensor_parallel_size=vc.tensor_parallel_size, model_impl=vc.model_impl,
                 enable_sleep_mode=self.sleep_mode, trust_remote_code=cfg.model.trust_remote_code,
