@@ -110,8 +110,11 @@ def model_info(names: list[str]) -> dict[str, dict]:
     out = {}
     for name in names:
         shape = MODELS[name]
-        path = (Path(EMBEDDED_MODEL_DIR) if shape is None else
-                build_qwen2(shape_config(shape[0], shape[1]), shape[2], MODELS_DIR / f"h{shape[0]}-l{shape[1]}-v{shape[2]}"))
+        if shape is None:
+            path = Path(EMBEDDED_MODEL_DIR)
+        else:
+            hidden, layers, vocab = shape
+            path = build_qwen2(shape_config(hidden, layers), vocab, MODELS_DIR / f"h{hidden}-l{layers}-v{vocab}")
         config = json.loads((path / "config.json").read_text())
         out[name] = {"dir": str(path), "params": count_params(path), "random": shape is not None,
                      "positions": config.get("max_position_embeddings", 0), "config": config}
@@ -130,6 +133,7 @@ def run_point(spec: dict) -> dict:
     from grpo.rollout.eos import eos_token_ids
     from grpo.rollout.params import SamplingParams
 
+    load_start = os.getloadavg()
     kept: dict = {}
     build = loop.build_engine
 
@@ -177,7 +181,7 @@ def run_point(spec: dict) -> dict:
             "generate_tokens": statistics.median(x["tokens"] for x in gens),
             "generate_expected_tokens": PROMPTS * spec["G"] * spec["new_tokens"],
             "engine_start_s": kept["start_s"], "peak_rss_mb": step_peak, "peak_rss_with_generate_mb": peak_mb(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "load_avg_start": load_start, "load_avg_end": os.getloadavg()}
 
 
 def child_main(kind: str, arg: str) -> None:
@@ -345,18 +349,21 @@ def markdown(rows: list[dict]) -> str:
     native = {point_key(r): r for r in rows if r["engine"] == "native" and "step_s" in r}
     lines = ["| model | params | G | new tokens | engine | generate tok/s | vs native | s/step | vs native | "
              "rollout s | update s | peak MiB | start s |", "|" + " --- |" * 13]
+    notes: dict[str, None] = {}
     for r in rows:
         head = f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['G']} | {r['new_tokens']} | {r['engine']} |"
         if "step_s" not in r:
-            why = "skipped" if "skipped" in r else "failed"
-            lines.append(f"{head} {why} |" + " - |" * 7 + (f" ({r.get('skipped') or r.get('failed')})"[:120]))
+            what = "skipped" if "skipped" in r else "failed"
+            lines.append(f"{head} {what} |" + " - |" * 7)
+            who = f"{r['model']} G={r['G']} {r['new_tokens']} tokens" + ("" if what == "skipped" else f" {r['engine']}")
+            notes[f"{who} {what}: {r.get('skipped') or r.get('failed')}"] = None
             continue
         n = native.get(point_key(r))
         lines.append(
             f"{head} {r['generate_tok_s']:.0f} | {fmt(n and r['generate_tok_s'] / n['generate_tok_s'], '.2f')} | "
             f"{r['step_s']:.2f} | {fmt(n and r['step_s'] / n['step_s'], '.2f')} | {r['rollout_s']:.2f} | "
             f"{r['update_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['engine_start_s']:.1f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + list(notes) if notes else []))
 
 
 def write(path: Path, payload: dict) -> Path:
@@ -377,8 +384,8 @@ def main() -> None:
     parser.add_argument("--gen-reps", type=int, default=2, help="timed engine.generate calls per run (median)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 2 steps: checks the script only")
     parser.add_argument("--python", default=str(VLLM_PYTHON), help="the Python every measurement runs under")
-    parser.add_argument("--out", default=None, help="results file in bench/results, no .json (default engines; "
-                        "--quick: engines_quick.json in the temporary directory)")
+    parser.add_argument("--out", default=None, help="results name in bench/results, no .json (default engines; "
+                        "--quick: engines_quick.json in the temporary directory), or a path ending in .json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--build", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -402,10 +409,16 @@ def main() -> None:
     python = args.python
     if not Path(python).is_file():
         raise SystemExit(f"bench/engines.py: {python} not found (the vLLM venv; or pass --python)")
-    out = (Path(tempfile.gettempdir()) / "engines_quick.json" if args.quick and args.out is None
-           else ROOT / "bench" / "results" / f"{args.out or 'engines'}.json")
+    if args.out and ("/" in args.out or args.out.endswith(".json")):
+        out = Path(args.out)                                  # a path: anywhere (a trial run, a single point)
+    else:
+        out = (Path(tempfile.gettempdir()) / "engines_quick.json" if args.quick and args.out is None
+               else ROOT / "bench" / "results" / f"{args.out or 'engines'}.json")
 
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()
+    if load[0] > 0.5:
+        print(f"warning: load average {load[0]:.1f} before the first run: other processes share the "
+              f"{os.cpu_count()} cores, and on a busy machine the engines' numbers swing by 10x or more", flush=True)
     info = call(python, "build", ",".join(dict.fromkeys(m for m, _, _ in points)))
     if "failed" in info:
         raise SystemExit(f"bench/engines.py: building the models failed: {info['failed']}\n{info['stderr_tail']}")
@@ -415,31 +428,35 @@ def main() -> None:
           f"{steps} steps, {gen_reps} generate repeat(s)", flush=True)
     settings = {"steps": steps, "rounds": args.rounds, "gen_reps": gen_reps, "prompts": PROMPTS,
                 "prompt_max": PROMPT_MAX, "engines": engines, "quick": args.quick,
-                "points": [f"{m}/{g}/{n}" for m, g, n in points]}
+                "points": [f"{m}/{g}/{n}" for m, g, n in points], "load_avg_start": load}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="grpo-engines-") as tmp:
         for model, G, n in points:
             rows += measure(python, model, info[model], G, n, engines, steps, args.rounds, gen_reps, Path(tmp))
             for line in markdown(rows[-len(engines):]).splitlines()[2:]:
-                print(line, flush=True)
+                if line.startswith("|"):
+                    print(line, flush=True)
             if not args.quick:                       # after each point: a stopped grid keeps what it measured
                 write(out, {"host": machine, **settings, "partial": True, "winner": {}, "rows": rows})
     decided = winners(rows, engines)
     table = markdown(rows)
     print(table)
     winner = decided.get("step", {}).get("winner")
+    complete = set(ENGINES) <= set(engines)
     if winner:
         geo = decided["step"]["relative_geomean"]
-        print(f"fastest GRPO step on cpu: {winner} (geometric mean of s/step relative to each point's best, over "
-              f"{decided['points_compared']} points: " + ", ".join(f"{e} {v:.2f}" for e, v in geo.items()) + "); "
-              f"fastest generate: {decided['generate']['winner']}")
+        print(f"fastest GRPO step on cpu{'' if complete else ' among ' + ', '.join(engines)}: {winner} (geometric "
+              f"mean of s/step relative to each point's best, over {decided['points_compared']} points: "
+              + ", ".join(f"{e} {v:.2f}" for e, v in geo.items()) + f"); fastest generate: "
+              f"{decided['generate']['winner']}" + ("" if complete and not args.quick else
+                                                    " (not recorded as the winner: --quick or not every engine)"))
     else:
         print("no point finished on every engine: no winner")
     payload = {"host": machine, **settings, "partial": False, "wall_s": time.perf_counter() - start,
                "load_avg": os.getloadavg(),
                "criterion": "lowest geometric mean over the points every engine finished of s/step relative to the "
                             "fastest engine at that point",
-               "winner": {"cpu": winner} if winner and not args.quick and set(ENGINES) <= set(engines) else {},
+               "winner": {"cpu": winner} if winner and complete and not args.quick else {},
                "decision": decided, "markdown": table, "rows": rows}
     print(f"wrote {write(out, payload)}")
 

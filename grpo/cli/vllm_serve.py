@@ -17,6 +17,7 @@ which generates here and pushes the policy's weights after every update. Set up 
   --logprobs-mode processed_logprobs   a token's log-prob after temperature / top-k / top-p, as sampled
   --worker-extension-cls grpo...  grpo's weight loader in vLLM's workers (weights from a file on CPU)
   --weight-transfer-config '{"backend": "nccl"}'   on a CUDA machine: weights over NCCL
+  --no-enable-chunked-prefill     on CPU: a chunked prefill of a seeded request kills vLLM 0.32's CPU engine
   --host 127.0.0.1                the dev routes run code: give --host 0.0.0.0 only on a trusted network
 Every other flag goes to vLLM as given (--port, default 8000; --dtype; --max-model-len; --tensor-parallel-size;
 --gpu-memory-utilization; ...: --vllm-help lists them). On CPU, VLLM_CPU_KVCACHE_SPACE (GiB) sizes the KV cache.
@@ -71,6 +72,13 @@ def serve_argv(model: str, extra: list[str], cuda: bool) -> list[str]:
         argv += ["--host", "127.0.0.1"]
     if cuda and "--weight-transfer-config" not in given:
         argv += ["--weight-transfer-config", NCCL]
+    if not cuda:
+        if "--enable-chunked-prefill" in given:
+            raise ConfigError("grpo vllm-serve on CPU cannot chunk prefills: vLLM 0.32's CPU engine dies on a chunked "
+                              "prefill of a seeded request (CPU Generator does not use offset): leave "
+                              "--enable-chunked-prefill out")
+        if "--no-enable-chunked-prefill" not in given:
+            argv.append("--no-enable-chunked-prefill")   # vLLM then sizes a step's token budget to max_model_len
     drop = {"--logprobs-mode", "--worker-extension-cls"}
     kept, skip = [], False
     for tok in extra:

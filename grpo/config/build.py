@@ -143,6 +143,21 @@ def _unknown(key: str) -> ConfigError:
     return ConfigError(f"unknown config key '{key}'{hint}; {listing}")
 
 
+def _put(merged: dict[str, dict[str, Any]], dotted: str, value: Any) -> None:
+    """Set `section.key` (or `section.group.key`: one key of a nested group) in `merged`."""
+    section, _, key = dotted.partition(".")
+    if section not in SECTIONS or not key:
+        raise _unknown(dotted)
+    target, *path = key.split(".")
+    if path:
+        group = merged[section].setdefault(target, {})
+        if not isinstance(group, dict) or _sub_config(SECTIONS[section], target) is None:
+            raise _unknown(dotted)
+        merged[section][target] = {**group, ".".join(path): value}
+    else:
+        merged[section][key] = value
+
+
 def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Build a validated Config from a nested dict (YAML) and flat `section.key` overrides. Under rollout.engine
     vllm, algorithm.rollout_correction not given anywhere is TRL's default (grpo/config/trl_vllm.py)."""
@@ -160,19 +175,14 @@ def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any]
             raise _unknown(str(section))
         if not isinstance(values, dict):
             raise ConfigError(f"config section '{section}' must be a mapping of keys to values")
-        merged[section].update(values)
+        for key, value in values.items():                      # `group.key` inside a section: one key of a group
+            if "." in str(key) or (isinstance(value, dict) and _sub_config(SECTIONS[section], str(key))):
+                for sub, v in ({key: value} if "." in str(key) else {f"{key}.{k}": v for k, v in value.items()}).items():
+                    _put(merged, f"{section}.{sub}", v)
+            else:
+                merged[section][key] = value
     for dotted, value in (overrides or {}).items():
-        section, _, key = dotted.partition(".")
-        if section not in SECTIONS or not key:
-            raise _unknown(dotted)
-        target, *path = key.split(".")
-        if path:                                               # section.group.key: one key of a nested group
-            group = merged[section].setdefault(target, {})
-            if not isinstance(group, dict) or _sub_config(SECTIONS[section], target) is None:
-                raise _unknown(dotted)
-            merged[section][target] = {**group, ".".join(path): value}
-        else:
-            merged[section][key] = value
+        _put(merged, dotted, value)
     if merged["rollout"].get("engine") == "vllm" and "rollout_correction" not in merged["algorithm"]:
         from grpo.config.trl_vllm import VLLM_ROLLOUT_CORRECTION   # TRL corrects vLLM's samples unless told not to
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from grpo.config import ConfigError
 from grpo.config.trl_values import (IF_DEFAULT, check_values, dtype_value, generation_overrides, lr_scheduler_value,
                                      model_init_overrides, report_to_value, same_value, scale_rewards_value)
-from grpo.config.trl_vllm import ENGINE_NOTES, USE_VLLM_FALSE, VLLM_KEYS, engine_overrides
+from grpo.config.trl_vllm import ENGINE_NOTES, VLLM_KEYS, engine_overrides
 
 
 #: TRL key -> (our key, value conversion).
@@ -389,7 +389,6 @@ def _as_trl_does(trl: dict[str, Any], overrides: dict[str, Any], lines: list[str
         overrides["optim.warmup_steps"] = 0
         lines.append("warmup ignored under lr_scheduler_type constant, as transformers does (constant_with_warmup "
                      "warms up)")
-    lines += [USE_VLLM_FALSE] if trl.get("use_vllm") is False else []     # rollout.engine stays (trl_vllm.py)
     if trl.get("top_entropy_quantile") == 0:
         lines.append("top_entropy_quantile 0.0 -> only the highest-entropy token of the step's batch trains")
     return overrides

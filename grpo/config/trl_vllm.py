@@ -89,11 +89,10 @@ ENGINE_NOTES = {
 
 
 def engine_overrides(trl: dict[str, Any]) -> dict[str, Any]:
-    """use_vllm true -> rollout.engine vllm. False, TRL's default (model.generate), leaves rollout.engine as
-    configured: grpo's default picks the faster engine for the device (:data:`USE_VLLM_FALSE` says so)."""
-    return {"rollout.engine": "vllm"} if trl.get("use_vllm") else {}
+    """use_vllm true -> rollout.engine vllm; false, written out -> native (grpo's own sampler, the fast counterpart of
+    TRL's model.generate: a GPU host with vLLM installed then keeps vLLM out, as the user asked); absent -> as
+    configured."""
+    if "use_vllm" not in trl:
+        return {}
+    return {"rollout.engine": "vllm" if trl["use_vllm"] else "native"}
 
-
-#: The mapping line of use_vllm false (a `key ignored (why)` line, as grpo/config/trl.py's NO_EFFECT keys print).
-USE_VLLM_FALSE = ("use_vllm ignored (false: rollout.engine as configured; auto is grpo's native sampler on CPU, vLLM "
-                  "on CUDA when installed; rollout.engine transformers is TRL's model.generate, native keeps vLLM out)")

@@ -147,7 +147,7 @@ def test_a_trl_grpo_recipe_trains_through_grpo_train(micro_dir, tmp_path, capsys
         "use_vllm: false\nreport_to: none\nbf16: false\nsave_strategy: 'no'\noutput_dir: run\n")
     assert main(["train", "--config", "recipe.yaml", "--log.progress_bar", "false", "--train.num_threads", "1"]) == 0
     err = capsys.readouterr().err
-    assert "grpo: TRL keys mapped:" in err and "use_vllm ignored" in err
+    assert "grpo: TRL keys mapped:" in err and "use_vllm -> rollout.engine" in err
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and "reward/digits/mean" in records[0]
     config = (tmp_path / "run" / "config.yaml").read_text()

@@ -177,7 +177,7 @@ CASES = [
     ({"reward_model_name_or_path": "rm_dir", "reward_funcs": ["format"]}, {"reward.functions": ["rm_dir", "format"]}),
     # the generation backend: use_vllm -> rollout.engine, vllm_* -> rollout.vllm.*
     ({"use_vllm": True}, {"rollout.engine": "vllm"}),
-    ({"use_vllm": False}, {}),                                  # rollout.engine stays auto
+    ({"use_vllm": False}, {"rollout.engine": "native"}),        # no vLLM, as written
     ({"use_vllm": "true", "vllm_mode": "server", "vllm_server_base_url": "http://10.0.0.2:8001",
       "vllm_server_timeout": 60},
      {"rollout.engine": "vllm", "rollout.vllm.mode": "server", "rollout.vllm.server_base_url": "http://10.0.0.2:8001",
@@ -347,7 +347,7 @@ def test_a_trl_grpo_recipe_file_builds_as_it_is(tmp_path):
         "train.micro_batch_size": 4, "train.prompts_per_step": 4, "rollout.max_new_tokens": 64,
         "train.max_steps": 10, "train.precision": "bf16", "lora.enabled": True, "lora.r": 4,
         "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"],
-        "train.output_dir": "out/r"})
+        "train.output_dir": "out/r", "rollout.engine": "native"})
 
 
 def test_trl_names_are_the_mapped_keys_and_transformers_training_arguments():

