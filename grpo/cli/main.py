@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("eval", "export", "sample", "reward-model", "pipeline", "report") and extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     from grpo.modeling.vml_warmup import warm_vml
+    from grpo.rollout.engine import EngineUnavailable
     from grpo.training.guards import TrainingError
 
     warm_vml()        # every command: eval and sample run the model without a runtime (grpo/modeling/vml_warmup.py)
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ConfigError, ValueError, FileNotFoundError, OSError, TrainingError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, OSError, TrainingError, EngineUnavailable) as e:
         if args.debug:
             traceback.print_exc()
         print(f"error: {one_line(e)}", file=sys.stderr)

