@@ -4,7 +4,7 @@
 
 The loss is grpo.training.sft's: next-token cross-entropy on the completion (+ eos) tokens only (build_batch's
 labels); the prompt, its ``<image>`` placeholders included, carries none. Each forward gets the batch's
-pixel_values. Evaluation samples through the trainer's own rollout (grpo.rollout.sample with the pixel values
+pixel_values. Evaluation samples through the trainer's own rollout (the native engine, grpo/rollout/engines/native.py, with the pixel values
 as model_inputs), greedy or at a temperature, and scores with shapes_vqa.accuracy.
 """
 
@@ -25,7 +25,8 @@ from grpo.data.tasks import shapes_vqa
 from grpo.modeling.vlm import (build_image_processor, build_vlm, build_vlm_tokenizer, load_vlm, save_vlm,
                                vision_rows)
 from grpo.rewards.text import answer_block, think_answer_parts
-from grpo.rollout import sample
+from grpo.rollout.engines.native import NativeEngine
+from grpo.rollout.params import SamplingParams
 from grpo.rollout.eos import eos_token_ids
 from grpo.training.experience import decode_completions
 from grpo.training.sft import IGNORE_INDEX, build_batch
@@ -49,17 +50,18 @@ def vlm_sft_loss(model, tokenizer, rows: list[dict], worked: list[bool] | None =
 @torch.no_grad()
 def answer(model, tokenizer, rows: list[dict], temperature: float = 0.0, num_generations: int = 1,
            max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0) -> list[str]:
-    """Completions of vision rows through grpo.rollout.sample (num_generations per row, row-major)."""
+    """Completions of vision rows through the native engine (grpo/rollout/engine.py; num_generations per row,
+    row-major)."""
     device = next(model.parameters()).device
     out = []
     for start in range(0, len(rows), batch_size):
         part = rows[start:start + batch_size]
         batch = tokenize_prompts(tokenizer, part, device)                                # pixel_values -> model_inputs
         index = torch.arange(start, start + len(part), device=device)
-        gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=num_generations,
-                     max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_ids(tokenizer, model),
-                     pad_token_id=tokenizer.pad_token_id, seed=seed, prompt_index=index,
-                     model_inputs=batch.model_inputs)
+        params = SamplingParams(n=num_generations, temperature=temperature, max_tokens=max_new_tokens,
+                                stop_token_ids=eos_token_ids(tokenizer, model), seed=seed)
+        gen = NativeEngine(model, tokenizer.pad_token_id).generate(batch.prompt_ids, batch.prompt_mask, params,
+                                                                   prompt_index=index, model_inputs=batch.model_inputs)
         out += decode_completions(tokenizer, gen)
     return out
 

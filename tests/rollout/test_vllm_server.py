@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.config import LoraConfig, build_config
-from grpo.modeling.models import EMBEDDED_MODEL_DIR, load_policy
+pytest.importorskip("vllm", reason="the vLLM venv (make test-vllm) runs these")
+
+from grpo.config import LoraConfig, build_config  # noqa: E402
+from grpo.modeling.models import EMBEDDED_MODEL_DIR, load_policy  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

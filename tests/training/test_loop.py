@@ -284,7 +284,9 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     import grpo.training.loop as trainer_module
 
     seen = {"sample": [], "in_update": [], "grad_buffer": []}
-    real_sample, real_update = experience.sample, trainer_module.policy_update
+    import grpo.rollout.engines.native as native
+
+    real_sample, real_update = native.sample, trainer_module.policy_update
 
     def sample(model, *a, **k):
         seen["sample"].append(sum(p.grad is not None for p in model.parameters()))
@@ -297,7 +299,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
         seen["in_update"].append(sum(p.grad is not None for p in model.parameters()))
         return stats
 
-    monkeypatch.setattr(experience, "sample", sample)
+    monkeypatch.setattr(native, "sample", sample)
     monkeypatch.setattr(trainer_module, "policy_update", update)
     from grpo.modeling import heap                              # train.malloc_trim: once per step, before the update
 

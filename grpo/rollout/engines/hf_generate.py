@@ -41,7 +41,7 @@ class TransformersEngine:
     @torch.no_grad()
     def generate(self, prompt_ids, prompt_mask, params: SamplingParams, *, prompt_index=None,
                  model_inputs=None) -> Generation:
-        index = torch.arange(prompt_ids.size(0)) if prompt_index is None else prompt_index
+        index = torch.arange(prompt_ids.size(0), device="cpu") if prompt_index is None else prompt_index
         with sampling_mode(self.model) as device, torch.random.fork_rng(devices=[]):
             torch.manual_seed(prompt_seeds(params.seed, index[:1])[0])
             prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()     # [B, P]

@@ -23,10 +23,10 @@ from grpo.types import Generation
 
 def _left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long, device="cpu")
+    mask = torch.zeros(len(seqs), width, dtype=torch.long, device="cpu")
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s, dtype=torch.long), 1
+        ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s, dtype=torch.long, device="cpu"), 1
     return ids, mask
 
 
@@ -76,7 +76,7 @@ def play_turns(engine, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, driv
     """G episodes per left-padded prompt through `engine.generate` (module docstring).
     Shape: prompt_ids, prompt_mask [B, P], prompt_index [B] -> Generation of B * G rows with action_mask."""
     B, G, cap = prompt_ids.size(0), params.n, params.max_tokens
-    index = (torch.arange(B) if prompt_index is None else prompt_index.detach().cpu()).long()     # [B]
+    index = (torch.arange(B, device="cpu") if prompt_index is None else prompt_index.detach().cpu()).long()     # [B]
     prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu())]
     eos = set(params.stop_token_ids)
     episodes = [_Episode() for _ in range(B * G)]
@@ -87,8 +87,8 @@ def play_turns(engine, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, driv
         turn += 1
         ids, mask = _left_pad([prompts[r // G] + episodes[r].ids for r in running], pad_token_id)
         room = max(cap - len(episodes[r].ids) for r in running)
-        seed = prompt_seeds(params.seed, torch.tensor([turn]))[0]
-        rows = torch.tensor([int(index[r // G]) * G + r % G for r in running], dtype=torch.long)
+        seed = prompt_seeds(params.seed, torch.tensor([turn], device="cpu"))[0]
+        rows = torch.tensor([int(index[r // G]) * G + r % G for r in running], dtype=torch.long, device="cpu")
         gen = engine.generate(ids, mask, params.with_(n=1, max_tokens=room, seed=seed), prompt_index=rows)
         running = [r for j, r in enumerate(running)
                    if _consume(r, episodes[r], *_row(gen, j), driver, eos, cap)]
@@ -104,13 +104,13 @@ def _row(gen: Generation, j: int) -> tuple[list[int], list[float]]:
 def _generation(prompt_ids, prompt_mask, episodes: list[_Episode], G: int, pad: int) -> Generation:
     T = max(1, max(len(e.ids) for e in episodes))
     N = len(episodes)
-    ids = torch.full((N, T), pad, dtype=torch.long)
-    logprobs = torch.zeros(N, T)
-    action = torch.zeros(N, T, dtype=torch.long)
+    ids = torch.full((N, T), pad, dtype=torch.long, device="cpu")
+    logprobs = torch.zeros(N, T, device="cpu")
+    action = torch.zeros(N, T, dtype=torch.long, device="cpu")
     for r, e in enumerate(episodes):
         n = len(e.ids)
-        ids[r, :n], logprobs[r, :n] = torch.tensor(e.ids, dtype=torch.long), torch.tensor(e.logprobs)
-        action[r, :n] = torch.tensor(e.action, dtype=torch.long)
+        ids[r, :n], logprobs[r, :n] = torch.tensor(e.ids, dtype=torch.long, device="cpu"), torch.tensor(e.logprobs, device="cpu")
+        action[r, :n] = torch.tensor(e.action, dtype=torch.long, device="cpu")
     written = written_mask(action)                                                 # [N, T]
     device = prompt_ids.device
     return Generation(

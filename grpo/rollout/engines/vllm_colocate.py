@@ -119,12 +119,12 @@ def to_generation(prompt_ids, prompt_mask, outputs: list[list[tuple[list[int], l
     """Per prompt, its n (token ids, log-probs) -> a Generation (rows i*n + j). Shape: -> [B*n, T]"""
     rows = [c for per_prompt in outputs for c in per_prompt]
     T = max(1, max(len(ids) for ids, _ in rows))
-    ids = torch.full((len(rows), T), pad_token_id, dtype=torch.long)
-    logprobs = torch.zeros(len(rows), T)
+    ids = torch.full((len(rows), T), pad_token_id, dtype=torch.long, device="cpu")
+    logprobs = torch.zeros(len(rows), T, device="cpu")
     for r, (tokens, lps) in enumerate(rows):
-        ids[r, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        ids[r, :len(tokens)] = torch.tensor(tokens, dtype=torch.long, device="cpu")
         if lps:
-            logprobs[r, :len(lps)] = torch.tensor(lps, dtype=torch.float32)
+            logprobs[r, :len(lps)] = torch.tensor(lps, dtype=torch.float32, device="cpu")
     stop = list(params.stop_token_ids)
     mask = completion_mask_from_ids(ids, stop) if stop else torch.ones_like(ids)           # [N, T]
     for r, (tokens, _) in enumerate(rows):
@@ -136,7 +136,7 @@ def to_generation(prompt_ids, prompt_mask, outputs: list[list[tuple[list[int], l
         completion_ids=torch.where(mask.bool(), ids, torch.full_like(ids, pad_token_id)).to(device),
         completion_mask=mask.to(device),
         sampling_logprobs=(logprobs * mask if sampled else torch.zeros_like(logprobs)).to(device),
-        truncated=(~ended_with_eos(ids, mask, stop) if stop else torch.ones(len(rows), dtype=torch.bool)).to(device))
+        truncated=(~ended_with_eos(ids, mask, stop) if stop else torch.ones(len(rows), dtype=torch.bool, device="cpu")).to(device))
 
 
 def token_lists(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
@@ -196,7 +196,7 @@ class VllmColocateEngine:
         if model_inputs:
             raise ValueError("rollout.engine vllm generates from token ids only; a vision-language policy's "
                              "pixel inputs need rollout.engine native or transformers")
-        index = torch.arange(prompt_ids.size(0)) if prompt_index is None else prompt_index
+        index = torch.arange(prompt_ids.size(0), device="cpu") if prompt_index is None else prompt_index
         prompts = [{"prompt_token_ids": ids} for ids in token_lists(prompt_ids, prompt_mask)]
         requests = [vllm_sampling(self.vllm, params, s) for s in prompt_seeds(params.seed, index)]
         with guarded_process_state():

@@ -232,24 +232,24 @@ class ServerEngine:
             raise ConfigError(f"the vLLM server engine generates from token ids only, not from "
                               f"{', '.join(model_inputs)}: use rollout.engine native or transformers")
         B, n = prompt_ids.size(0), params.n
-        index = torch.arange(B) if prompt_index is None else prompt_index
+        index = torch.arange(B, device="cpu") if prompt_index is None else prompt_index
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         seeds = prompt_seeds(params.seed, index)
         answers = self._map(lambda p: self._request(*p, params), zip(prompts, seeds))
         rows = [c for choices in answers for c in choices]                                   # B * n
         stop = set(params.stop_token_ids)
         T = max(1, max(len(c["token_ids"]) for c in rows))
-        ids = torch.full((B * n, T), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(B * n, T, dtype=torch.long)
-        logprobs = torch.zeros(B * n, T)
-        truncated = torch.ones(B * n, dtype=torch.bool)
+        ids = torch.full((B * n, T), self.pad_token_id, dtype=torch.long, device="cpu")
+        mask = torch.zeros(B * n, T, dtype=torch.long, device="cpu")
+        logprobs = torch.zeros(B * n, T, device="cpu")
+        truncated = torch.ones(B * n, dtype=torch.bool, device="cpu")
         for r, c in enumerate(rows):
             tokens = c["token_ids"]
-            ids[r, :len(tokens)], mask[r, :len(tokens)] = torch.tensor(tokens, dtype=torch.long), 1
+            ids[r, :len(tokens)], mask[r, :len(tokens)] = torch.tensor(tokens, dtype=torch.long, device="cpu"), 1
             truncated[r] = not tokens or tokens[-1] not in stop
             if params.logprobs is not None and params.temperature > 0 and c.get("logprobs"):
                 values = [v if v is not None else 0.0 for v in c["logprobs"]["token_logprobs"]][:len(tokens)]
-                logprobs[r, :len(values)] = torch.tensor(values)
+                logprobs[r, :len(values)] = torch.tensor(values, device="cpu")
         device = prompt_ids.device
         return Generation(prompt_ids=prompt_ids.repeat_interleave(n, dim=0),
                           prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
