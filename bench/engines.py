@@ -340,6 +340,30 @@ def winners(rows: list[dict], engines: list[str]) -> dict:
     return out
 
 
+def winners_by_model(rows: list[dict], engines: list[str]) -> dict:
+    """model -> its parameter count and the engine with the fastest GRPO step over that model's points (what
+    `auto` reads by model size: grpo.rollout.engine.MEASURED_FASTEST)."""
+    out = {}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        step = winners(mine, engines).get("step")
+        if step:
+            out[model] = {"parameters": mine[0]["params"], "winner": step["winner"],
+                          "relative_geomean": step["relative_geomean"]}
+    return out
+
+
+def decide(payload: dict, complete: bool) -> dict:
+    """The payload's decisions from its rows: overall and per-model winners (recorded only for a full run)."""
+    engines = payload["engines"]
+    decided = winners(payload["rows"], engines)
+    by_model = winners_by_model(payload["rows"], engines)
+    winner = decided.get("step", {}).get("winner")
+    record = complete and not payload.get("quick")
+    return {**payload, "decision": decided, "winner": {"cpu": winner} if winner and record else {},
+            "winner_by_model": {"cpu": by_model} if record else {}}
+
+
 def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -388,9 +412,18 @@ def main() -> None:
                         "--quick: engines_quick.json in the temporary directory), or a path ending in .json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--build", help=argparse.SUPPRESS)
+    parser.add_argument("--redecide", metavar="JSON", help="recompute the winners of a results file from its rows "
+                                                           "(no measurement) and rewrite it")
     args = parser.parse_args()
     if args.child or args.build:
         child_main("child" if args.child else "build", args.child or args.build)
+        return
+    if args.redecide:
+        path = Path(args.redecide)
+        payload = json.loads(path.read_text())
+        payload = decide(payload, set(ENGINES) <= set(payload["engines"]) and not payload.get("partial"))
+        write(path, payload)
+        print(f"rewrote {path}: winner {payload['winner']}, by model {payload['winner_by_model']}")
         return
 
     engines = args.engines.split(",")
@@ -456,8 +489,10 @@ def main() -> None:
                "load_avg": os.getloadavg(),
                "criterion": "lowest geometric mean over the points every engine finished of s/step relative to the "
                             "fastest engine at that point",
-               "winner": {"cpu": winner} if winner and complete and not args.quick else {},
-               "decision": decided, "markdown": table, "rows": rows}
+               "markdown": table, "rows": rows}
+    payload = decide(payload, complete)
+    for model, w in payload["winner_by_model"].get("cpu", {}).items():
+        print(f"fastest GRPO step on cpu for {model} ({w['parameters'] / 1e6:.1f}M): {w['winner']}")
     print(f"wrote {write(out, payload)}")
 
 

@@ -86,9 +86,11 @@ ROLLOUT_PRECISIONS: dict[str, str] = {"auto": "auto", "fp32": "fp32", "bf16": "b
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = _f("auto", "What generates the rollouts (docs/engines.md): auto (the fastest measured for the device: "
-                     "native on CPU; vllm on CUDA when installed) | native (grpo's keyed sampler) | transformers "
-                     "(model.generate) | vllm (rollout.vllm: colocated or a `grpo vllm-serve` server).")
+    engine: str = _f("auto", "What generates the rollouts (docs/engines.md): auto (the fastest measured for the device "
+                     "and model size: on CPU native under 50M parameters, vllm from there; vllm on CUDA; native where "
+                     "vLLM is not installed) | native (grpo's keyed sampler) | transformers (model.generate) | vllm "
+                     "(rollout.vllm: colocated or a `grpo vllm-serve` server; TRL's use_vllm). An explicit vllm turns "
+                     "algorithm.rollout_correction on (sequence_mask, TRL's default) unless it is set; auto leaves it.")
     num_generations: int = _f(8, "G: completions sampled per prompt (TRL: num_generations; verl: rollout.n).")
     max_new_tokens: int = _f(48, "Maximum completion length in tokens (TRL: max_completion_length); a completion "
                              "ends earlier at any EOS id: the tokenizer's and every id of the model's "

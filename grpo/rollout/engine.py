@@ -6,7 +6,7 @@
 An engine is told when the policy's weights changed (``sync_weights`` after every optimizer update; the
 native and transformers engines read the live policy and need nothing) and can ``sleep`` (free its cache
 during the update) and ``wake``. ``rollout.engine`` picks one (:data:`ENGINES`); ``auto`` takes the fastest
-measured for the device (:data:`MEASURED_FASTEST`, from bench/engines.py's results).
+measured for the device and model size (:data:`MEASURED_FASTEST`, from bench/engines.py's results).
 """
 
 from __future__ import annotations
@@ -48,10 +48,24 @@ class Engine(Protocol):
 #: name -> factory(cfg, model, tokenizer, device) -> Engine; filled by grpo/rollout/engines/__init__.py.
 ENGINES: dict[str, Callable] = {}
 
-#: device type -> the engine bench/engines.py measured fastest there (bench/results/engines.json; a test keeps
-#: the two in step). CUDA is not measured on this project's machines: vLLM there is every peer's choice, and
-#: `auto` takes it when the package imports, else the native sampler.
-MEASURED_FASTEST: dict[str, str] = {"cpu": "native", "meta": "native"}
+#: device type -> ((parameters from, engine), ...): the engine bench/engines.py measured fastest per GRPO step, by
+#: model size (bench/results/engines.json, "winner_by_model"; tests/rollout/test_engines_bench.py keeps the two in
+#: step). On CPU the 0.8M embedded model is overhead-bound and grpo's sampler wins; at 100M vLLM's CPU build does
+#: (0.80-0.97x the native engine's step). CUDA is not measured on this project's machines: vLLM there is every
+#: peer's choice. Where the table says vllm and vLLM is not installed, auto takes the native sampler.
+MEASURED_FASTEST: dict[str, tuple[tuple[int, str], ...]] = {
+    "cpu": ((0, "native"), (50_000_000, "vllm")),
+    "cuda": ((0, "vllm"),),
+}
+
+
+def measured_fastest(device_type: str, parameters: int) -> str:
+    """The table's engine for a model of `parameters` on `device_type` (native where nothing was measured)."""
+    choice = "native"
+    for start, engine in MEASURED_FASTEST.get(device_type, ()):
+        if parameters >= start:
+            choice = engine
+    return choice
 
 
 def register(name: str):
@@ -67,18 +81,19 @@ def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_engine_name(spec: str, device: torch.device) -> str:
-    """`rollout.engine` -> the engine to build: auto -> the measured fastest for `device`'s type."""
+def resolve_engine_name(spec: str, device: torch.device, parameters: int = 0) -> str:
+    """`rollout.engine` -> the engine to build: auto -> the measured fastest for the device and the policy's size
+    (:data:`MEASURED_FASTEST`), the native sampler where that is vLLM and vLLM is not installed."""
     if spec != "auto":
         return spec
-    if device.type == "cuda":
-        return "vllm" if vllm_importable() else "native"
-    return MEASURED_FASTEST.get(device.type, "native")
+    choice = measured_fastest(device.type, parameters)
+    return choice if choice != "vllm" or vllm_importable() else "native"
 
 
 def build_engine(cfg, model: torch.nn.Module, tokenizer, device: torch.device) -> Engine:
     """The engine `cfg.rollout.engine` names, over the placed policy `model` (grpo/rollout/engines/)."""
     import grpo.rollout.engines  # noqa: F401  (fills ENGINES)
 
-    name = resolve_engine_name(cfg.rollout.engine, torch.device(device))
+    parameters = sum(p.numel() for p in model.parameters())
+    name = resolve_engine_name(cfg.rollout.engine, torch.device(device), parameters)
     return ENGINES[name](cfg, model, tokenizer, torch.device(device))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo.config import build_config
-from grpo.rollout.engine import ENGINES, MEASURED_FASTEST, EngineUnavailable, build_engine, resolve_engine_name
+from grpo.rollout.engine import ENGINES, EngineUnavailable, build_engine, measured_fastest, resolve_engine_name
 from grpo.rollout.engines.native import NativeEngine
 from grpo.rollout.engines.turns import play_turns
 from grpo.rollout.params import SamplingParams, prompt_seeds, rollout_params
@@ -30,11 +30,14 @@ def test_every_engine_is_registered_and_auto_follows_the_measured_table():
     import grpo.rollout.engines  # noqa: F401
 
     assert set(ENGINES) == {"native", "transformers", "vllm"}
-    assert resolve_engine_name("auto", CPU) == MEASURED_FASTEST["cpu"]
-    assert resolve_engine_name("transformers", CPU) == "transformers"
-    want = "vllm" if importlib.util.find_spec("vllm") else "native"
-    assert resolve_engine_name("auto", torch.device("meta")) == "native"
-    assert resolve_engine_name("auto", torch.device("cuda", 0)) == want
+    assert measured_fastest("cpu", 800_000) == "native"                 # the embedded model: overhead-bound
+    assert measured_fastest("cpu", 100_000_000) == "vllm"               # 100M: vLLM's CPU build measured faster
+    assert measured_fastest("meta", 100_000_000) == "native"            # nothing measured: the native sampler
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    assert resolve_engine_name("auto", CPU, 800_000) == "native"
+    assert resolve_engine_name("auto", CPU, 100_000_000) == ("vllm" if has_vllm else "native")   # vLLM if installed
+    assert resolve_engine_name("auto", torch.device("cuda", 0)) == ("vllm" if has_vllm else "native")
+    assert resolve_engine_name("transformers", CPU, 100_000_000) == "transformers"
 
 
 def test_rollout_section_becomes_one_sampling_params():

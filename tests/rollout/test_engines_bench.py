@@ -1,12 +1,12 @@
-"""`rollout.engine: auto` follows the measurement: grpo.rollout.engine.MEASURED_FASTEST against the winner
-bench/engines.py recorded in bench/results/engines.json (a missing file fails: the table must be measured)."""
+"""`rollout.engine: auto` follows the measurement: grpo.rollout.engine.MEASURED_FASTEST against the per-model
+winners bench/engines.py recorded in bench/results/engines.json (a missing file fails: the table must be measured)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from grpo.rollout.engine import MEASURED_FASTEST
+from grpo.rollout.engine import measured_fastest
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "engines.json"
 
@@ -16,7 +16,10 @@ def test_measured_fastest_agrees_with_the_engine_benchmark():
     results = json.loads(RESULTS.read_text())
     assert not results["quick"] and not results["partial"], "engines.json is a --quick or unfinished run"
     assert set(results["engines"]) >= {"native", "transformers", "vllm"}, "engines.json did not measure every engine"
-    assert results["winner"].get("cpu"), "engines.json records no winner for cpu"
-    assert MEASURED_FASTEST["cpu"] == results["winner"]["cpu"], (
-        f"MEASURED_FASTEST['cpu'] is {MEASURED_FASTEST['cpu']!r} but bench/engines.py measured "
-        f"{results['winner']['cpu']!r} fastest ({results['host']['cpu']}, {results['host']['date']})")
+    by_model = results["winner_by_model"]["cpu"]
+    assert len(by_model) >= 2, "engines.json records per-model winners for fewer than two model sizes"
+    for model, w in by_model.items():
+        assert measured_fastest("cpu", w["parameters"]) == w["winner"], (
+            f"MEASURED_FASTEST says {measured_fastest('cpu', w['parameters'])!r} for {model} "
+            f"({w['parameters']} parameters) but bench/engines.py measured {w['winner']!r} fastest "
+            f"({results['host']['cpu']}, {results['host']['date']})")
