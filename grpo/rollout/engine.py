@@ -45,6 +45,25 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class OnLivePolicy:
+    """What an engine that samples from the live policy object needs (native, transformers): a sync only rebinds
+    the model, and there is nothing to sleep, wake or close."""
+
+    model: torch.nn.Module
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 #: name -> factory(cfg, model, tokenizer, device) -> Engine; filled by grpo/rollout/engines/__init__.py.
 ENGINES: dict[str, Callable] = {}
 

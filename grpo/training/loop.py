@@ -219,7 +219,10 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows), state.optimizer)   # may refuse
         if world.is_main:
             print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
-            print(f"grpo: rollout engine {engine.name} (rollout.engine {cfg.rollout.engine})", flush=True)
+            uncorrected = engine.name == "vllm" and cfg.algorithm.rollout_correction == "none"
+            print(f"grpo: rollout engine {engine.name} (rollout.engine {cfg.rollout.engine})"
+                  + ("; algorithm.rollout_correction none: sequence_mask is TRL's vLLM correction" if uncorrected
+                     else ""), flush=True)
         budget = plan.logprob_tokens                           # tokens per no-grad pass (reference, old policy)
         record: dict[str, Any] = {}
         progress = TrlProgress(cfg, len(prompt_set.rows), read_jsonl(out / cfg.log.metrics_file, first),  # TRL's counts

@@ -100,6 +100,8 @@ class StepShape:
     prompts: int                    # B distinct prompts
     prompt_tokens: int              # P, the longest prompt
     new_tokens: int                 # T = rollout.max_new_tokens
+    own_rollout: bool = True        # the rollout's KV cache and weight copies are made per step in this process;
+                                    # False under vLLM (its cache is reserved once, already in use, or elsewhere)
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ def phase_bytes(m: ModelShape, s: StepShape, in_use: int, tokens: int, checkpoin
     M = micro_batch_padded_tokens(s, tokens)
     no_grad = (NO_GRAD_VALUES[0] * m.hidden + NO_GRAD_VALUES[1] * m.intermediate) * m.act_bytes
     head = head_bytes(m, chunk, M)
-    return {"rollout": base + kv_cache_bytes(m, s) + fused_weight_bytes(m),
+    return {"rollout": base + (kv_cache_bytes(m, s) + fused_weight_bytes(m) if s.own_rollout else 0),
             "reference": base + m.offloaded_ref_bytes + int(M * no_grad) + head,
             "update": base + gradient_bytes(m) + int(M * stored_values_per_token(m, checkpointing) * m.act_bytes)
             + head}

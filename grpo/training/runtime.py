@@ -310,14 +310,15 @@ def model_shape(model: torch.nn.Module, act_bytes: int, compute_dtype: torch.dty
                       offloaded_ref_bytes=tensor_bytes(unique_parameters(model)) if offloaded_ref else 0)
 
 
-def step_shape(cfg: Config, prompt_tokens: int):
+def step_shape(cfg: Config, prompt_tokens: int, engine: str = "native"):
     """The planner's view of one step (grpo.training.memory_plan.StepShape): B prompts of up to `prompt_tokens`
-    tokens, k = algorithm.gfpo_sample_size or rollout.num_generations completions each, max_new_tokens long."""
+    tokens, k completions each (gfpo_sample_size or G), max_new_tokens long; under `engine` vllm the rollout's cache
+    is vLLM's (reserved at its start, in use when the plan is made; or in a server): not counted again."""
     from grpo.training.memory_plan import StepShape
 
     k = cfg.algorithm.gfpo_sample_size or cfg.rollout.num_generations
     return StepShape(rows=cfg.train.prompts_per_step * k, prompts=cfg.train.prompts_per_step,
-                     prompt_tokens=prompt_tokens, new_tokens=cfg.rollout.max_new_tokens)
+                     prompt_tokens=prompt_tokens, new_tokens=cfg.rollout.max_new_tokens, own_rollout=engine != "vllm")
 
 
 def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
@@ -326,6 +327,7 @@ def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int, optimizer=None
     moments itself, so `optimizer`'s state already in memory (made up front, or a resumed run's) is taken out of
     what is in use."""
     from grpo.modeling.precision import autocast_dtype, rollout_precision
+    from grpo.rollout.engine import resolve_engine_name
     from grpo.training.memory_plan import plan_memory
     from grpo.training.update import state_bytes
 
@@ -335,7 +337,8 @@ def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int, optimizer=None
     rollout_dtype = (autocast_dtype(rollout) or torch.float32) if rollout != cfg.train.precision else None
     shape = model_shape(model, 2 if lowp is not None else 4, lowp, runtime.ref_offload(model) != "none", rollout_dtype)
     in_use = runtime.memory_in_use() - state_bytes(optimizer, runtime.device)
-    return plan_memory(shape, step_shape(cfg, prompt_tokens), in_use=in_use,
+    engine = resolve_engine_name(cfg.rollout.engine, runtime.device, sum(p.numel() for p in model.parameters()))
+    return plan_memory(shape, step_shape(cfg, prompt_tokens, engine), in_use=in_use,
                        budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
                        micro_batch_tokens=cfg.train.micro_batch_tokens,
                        gradient_checkpointing=cfg.train.gradient_checkpointing,

@@ -312,3 +312,21 @@ def test_the_optimizers_state_in_memory_is_not_counted_twice(monkeypatch):
     monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: measured + held)   # ... which now holds them
     after = runtime.memory_plan(model, 6, opt)
     assert after.estimate_bytes == before.estimate_bytes and after.phases == before.phases
+
+
+def test_under_vllm_the_rollout_phase_does_not_count_a_cache_vllm_already_holds():
+    """vLLM's KV cache is reserved when the engine starts (in use by the time the plan is made) or lives in a
+    server: the rollout phase is then what is in use plus the slack and moments, nothing per step on top."""
+    from grpo.training.memory_plan import fused_weight_bytes, kv_cache_bytes, moment_bytes
+
+    model = tiny_qwen2()
+    cfg = build_config(overrides={"rollout.max_new_tokens": 64, "rollout.num_generations": 8})
+    shape = model_shape(model, 4)
+    native, vllm = step_shape(cfg, 6), step_shape(cfg, 6, "vllm")
+    assert native.own_rollout and not vllm.own_rollout
+    mine = phase_bytes(shape, native, 1000, 70, False, 16)
+    theirs = phase_bytes(shape, vllm, 1000, 70, False, 16)
+    base = 1000 + shape.slack_bytes + moment_bytes(shape)
+    assert theirs["rollout"] == base
+    assert mine["rollout"] == base + kv_cache_bytes(shape, native) + fused_weight_bytes(shape) > base
+    assert mine["update"] == theirs["update"] and mine["reference"] == theirs["reference"]

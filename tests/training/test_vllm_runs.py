@@ -38,3 +38,29 @@ def test_sigkill_then_resume_with_vllm_is_bit_identical_to_the_uninterrupted_run
     resumed = run_subprocess(killed, resume=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_run(d / "plain", d / "killed", 4)
+
+
+def test_two_ranks_with_colocated_vllm_engines_sample_what_one_process_samples(env):
+    """torchrun, 2 ranks, each with its own colocated vLLM engine (vLLM's external_launcher) on its half of the
+    prompts: the first step, before any update, scores exactly the completions one process samples (per-prompt
+    seeds; vLLM's CPU kernels are batch-invariant), and the run ends with both ranks done."""
+    import sys
+
+    from tests.run_helpers import records, train_command
+
+    model_dir, reward, d = env
+    one = tiny_config(model_dir, reward, d / "one", **{**VLLM, "train.max_steps": 2})
+    assert run_subprocess(one).returncode == 0
+    two = tiny_config(model_dir, reward, d / "two", **{**VLLM, "train.max_steps": 2})
+    argv, env_vars = train_command(two)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *argv[1:]]
+    import subprocess
+
+    from tests.run_helpers import ROOT
+
+    done = subprocess.run(argv, cwd=ROOT, env=env_vars, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = records(d / "one")[0], records(d / "two")[0]
+    sampled = [k for k in a if k.startswith(("reward/", "completion/"))]
+    assert sampled and {k: a[k] for k in sampled} == {k: b[k] for k in sampled}
+    assert [r["step"] for r in records(d / "two")] == [1, 2]

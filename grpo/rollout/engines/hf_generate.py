@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.rollout.engine import register
+from grpo.rollout.engine import OnLivePolicy, register
 from grpo.rollout.engines.turns import play_turns
 from grpo.rollout.eos import completion_mask_from_ids, ended_with_eos
 from grpo.rollout.params import SamplingParams, prompt_seeds
@@ -19,7 +19,7 @@ from grpo.rollout.sampler import sampling_mode
 from grpo.types import Generation
 
 
-class TransformersEngine:
+class TransformersEngine(OnLivePolicy):
     name = "transformers"
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int):
@@ -67,18 +67,6 @@ class TransformersEngine:
     def generate_episodes(self, prompt_ids, prompt_mask, driver, params: SamplingParams, *,
                           prompt_index=None) -> Generation:
         return play_turns(self, prompt_ids, prompt_mask, driver, params, prompt_index, self.pad_token_id)
-
-    def sync_weights(self, model) -> None:
-        self.model = model
-
-    def sleep(self) -> None:
-        pass
-
-    def wake(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @register("transformers")

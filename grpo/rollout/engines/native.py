@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from grpo.rollout.engine import register
+from grpo.rollout.engine import OnLivePolicy, register
 from grpo.rollout.multiturn import sample_episodes
 from grpo.rollout.params import SamplingParams
 from grpo.rollout.sampler import sample
 from grpo.types import Generation
 
 
-class NativeEngine:
+class NativeEngine(OnLivePolicy):
     name = "native"
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, lean: bool = True):
@@ -34,18 +34,6 @@ class NativeEngine:
                           prompt_index=None) -> Generation:
         return sample_episodes(self.model, prompt_ids, prompt_mask, driver, prompt_index=prompt_index,
                                **self._common(params))
-
-    def sync_weights(self, model) -> None:
-        self.model = model                  # it samples from the live policy: nothing to copy
-
-    def sleep(self) -> None:
-        pass
-
-    def wake(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @register("native")
