@@ -101,10 +101,10 @@ def plain_sgd(model, cfg, total_steps, extra_groups=()):
 def recording_draws(draw, log: dict):
     """Wrap grpo.training.experience.draw_groups: log[global prompt index] = the G completions' ids and total rewards."""
 
-    def draw_and_record(model, tokenizer, rows, rewards, cfg, index, device, env=None):
+    def draw_and_record(model, tokenizer, rows, rewards, cfg, index, device, env=None, engine=None):
         from grpo.training.experience import completion_id_lists
 
-        groups = draw(model, tokenizer, rows, rewards, cfg, index, device, env)
+        groups = draw(model, tokenizer, rows, rewards, cfg, index, device, env, engine)
         ids, G = completion_id_lists(groups.gen), cfg.rollout.num_generations
         for j, p in enumerate(index):
             log[p] = {"ids": ids[j * G:(j + 1) * G], "rewards": groups.total[j * G:(j + 1) * G].tolist()}
