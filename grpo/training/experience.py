@@ -87,11 +87,11 @@ def _rollout(engine, model, tokenizer, rows: list[dict], prompts, cfg: Config, k
              device, env) -> tuple[Generation, object]:
     """k completions of each prompt row through the engine (multi-turn episodes with `env`): (Generation,
     episodes or None)."""
-    params = rollout_params(cfg.rollout, eos_token_ids(tokenizer, model), cfg.train.seed, n=k)  # tokenizer's + generation_config's EOS
     if env is not None:
         episodes = play_episodes(model, tokenizer, rows, prompts.prompt_ids, prompts.prompt_mask, env, cfg, k,
                                  index, device, engine=engine)
         return episodes.gen, episodes                                                       # [B*k, T]
+    params = rollout_params(cfg.rollout, eos_token_ids(tokenizer, model), cfg.train.seed, n=k)  # tokenizer's + generation_config's EOS
     return engine.generate(prompts.prompt_ids, prompts.prompt_mask, params, prompt_index=keyed,
                            model_inputs=prompts.model_inputs), None                         # [B*k, T]
 

@@ -216,7 +216,7 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         health = HealthMonitor(cfg, out, first, enabled=world.is_main)   # reads back a resumed run's history
         world.barrier()
         checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
-        plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows), state.optimizer)   # may refuse
+        plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows), state.optimizer, engine.name)   # may refuse
         if world.is_main:
             print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
             uncorrected = engine.name == "vllm" and cfg.algorithm.rollout_correction == "none"

@@ -121,13 +121,13 @@ class CpuRuntime:
         available to the process (the smaller of /proc/meminfo's MemAvailable and the cgroup's room)."""
         return configured_budget(self.cfg) or self.memory_in_use() + int(SAFE_SHARE * available_host_memory())
 
-    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
+    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int, optimizer=None, engine: str = "native"):
         """The update's micro-batch tokens, checkpointing and LM-head chunk for the budget (grpo.training.memory_plan);
-        `optimizer`: its state already in memory is not counted twice. Gradients in one flat buffer
-        (`train.grad_buffer`) in a single process: DDP and FSDP2 manage their own."""
+        `optimizer`: its state already in memory is not counted twice; `engine`: the rollout engine's name. Gradients
+        in one flat buffer (`train.grad_buffer`) in a single process: DDP and FSDP2 manage their own."""
         from grpo.training.distributed import env_world_size
 
-        plan = plan_for(self, model, prompt_tokens, optimizer)
+        plan = plan_for(self, model, prompt_tokens, optimizer, engine)
         return replace(plan, grad_buffer=self.cfg.train.grad_buffer and env_world_size() == 1)
 
     def ref_offload(self, model: torch.nn.Module) -> str:
@@ -181,8 +181,8 @@ class CudaRuntime:
         """`train.memory_budget_gib`, or 0 = auto: allocated plus SAFE_SHARE of torch.cuda.mem_get_info's free memory."""
         return configured_budget(self.cfg) or self.memory_in_use() + int(SAFE_SHARE * torch.cuda.mem_get_info(self.device)[0])
 
-    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
-        return plan_for(self, model, prompt_tokens, optimizer)
+    def memory_plan(self, model: torch.nn.Module, prompt_tokens: int, optimizer=None, engine: str = "native"):
+        return plan_for(self, model, prompt_tokens, optimizer, engine)
 
     def ref_offload(self, model: torch.nn.Module) -> str:
         """`train.ref_offload` for this run; auto = none (the reference stays on the device)."""
@@ -321,13 +321,12 @@ def step_shape(cfg: Config, prompt_tokens: int, engine: str = "native"):
                      prompt_tokens=prompt_tokens, new_tokens=cfg.rollout.max_new_tokens, own_rollout=engine != "vllm")
 
 
-def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int, optimizer=None):
+def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int, optimizer=None, engine: str = "native"):
     """The memory plan of `runtime`'s run (grpo.training.memory_plan.plan_memory) for prompts of up to
     `prompt_tokens` tokens: the configured settings, what is in use now and the budget. The planner counts AdamW's
     moments itself, so `optimizer`'s state already in memory (made up front, or a resumed run's) is taken out of
     what is in use."""
     from grpo.modeling.precision import autocast_dtype, rollout_precision
-    from grpo.rollout.engine import resolve_engine_name
     from grpo.training.memory_plan import plan_memory
     from grpo.training.update import state_bytes
 
@@ -337,7 +336,6 @@ def plan_for(runtime, model: torch.nn.Module, prompt_tokens: int, optimizer=None
     rollout_dtype = (autocast_dtype(rollout) or torch.float32) if rollout != cfg.train.precision else None
     shape = model_shape(model, 2 if lowp is not None else 4, lowp, runtime.ref_offload(model) != "none", rollout_dtype)
     in_use = runtime.memory_in_use() - state_bytes(optimizer, runtime.device)
-    engine = resolve_engine_name(cfg.rollout.engine, runtime.device, sum(p.numel() for p in model.parameters()))
     return plan_memory(shape, step_shape(cfg, prompt_tokens, engine), in_use=in_use,
                        budget=runtime.memory_budget(), auto_tokens=runtime.micro_batch_tokens(model),
                        micro_batch_tokens=cfg.train.micro_batch_tokens,

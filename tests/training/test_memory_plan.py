@@ -193,13 +193,13 @@ def test_a_checkpointed_plan_trains_on_a_meta_default_device(tmp_path, monkeypat
 
     plans, real = [], CpuRuntime.memory_plan
 
-    def tight(self, model, prompt_tokens, optimizer=None):   # budget = the checkpointed one-row estimate exactly
-        shape, step = model_shape(model, 4), step_shape(self.cfg, prompt_tokens)
+    def tight(self, model, prompt_tokens, optimizer=None, engine="native"):   # budget = the checkpointed one-row estimate exactly
+        shape, step = model_shape(model, 4), step_shape(self.cfg, prompt_tokens, engine)
         row = prompt_tokens + step.new_tokens
         on = max(phase_bytes(shape, step, 0, row, True, default_chunk(shape.vocab)).values())
         assert on < max(phase_bytes(shape, step, 0, row, False, 16).values())
         monkeypatch.setattr(CpuRuntime, "memory_budget", lambda self: on)
-        plans.append(real(self, model, prompt_tokens))
+        plans.append(real(self, model, prompt_tokens, engine=engine))
         return plans[-1]
 
     monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 0)
