@@ -105,17 +105,17 @@ def median(values: list[float]) -> float:
 
 def matmul_peak_flops(threads: int, n: int = 2048, repeats: int = 7) -> float:
     """This machine's float32 matrix-multiply rate (FLOP/s) at `threads` threads: the better of
-    PyTorch's default GEMM (MKL) and oneDNN's (grpo.modeling.cpu_kernels), each the median of `repeats` products
+    PyTorch's default GEMM (MKL) and oneDNN's (grpo.cpu.kernels), each the median of `repeats` products
     of two [n, n] matrices (2 n^3 FLOPs each) after one warm-up. On AMD CPUs oneDNN's AVX-512 GEMM
     is ~2x MKL's, so the peak is the oneDNN rate there."""
     import time
 
-    from grpo.modeling.cpu_kernels import _dnn, onednn_works
+    from grpo.cpu.kernels import onednn_linear, onednn_works
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
-    kernels = [lambda: torch.matmul(a, b)] + ([lambda: _dnn(a, b)] if onednn_works() else [])
+    kernels = [lambda: torch.matmul(a, b)] + ([lambda: onednn_linear(a, b)] if onednn_works() else [])
     rates = []
     for fn in kernels:
         fn()

@@ -1,5 +1,5 @@
 """What bounds a decode step: its weight products alone, by dtype and kernel, against memory bandwidth and the GEMM
-peak; where a rollout's time goes; the rollout with `rollout.decode_kernel` native against onednn; and float32 against
+peak; where a rollout's time goes; the rollout with `cpu.decode_kernel` native against onednn; and float32 against
 bf16 (`rollout.precision`).
 
     .venv/bin/python bench/decode_floor.py [--shapes h768-l12,h512-l8] [--rows 16] [--repeats 20] [--rounds 3]
@@ -10,14 +10,14 @@ OMP_NUM_THREADS says otherwise):
 
 * products: the 4 products of every layer (q/k/v fused, o, gate/up fused, down) and the LM head, on
   [rows, K] inputs, as one decode step runs them, for each of `--rows`: float32 through MKL (`F.linear`),
-  float32 oneDNN-packed (grpo.modeling.cpu_kernels.prepack's oneDNN layout), float32 through grpo's native decode
-  kernel (grpo.modeling.native_gemm, where it builds), bfloat16 oneDNN-packed and unpacked; ms per step, GB/s of
+  float32 oneDNN-packed (grpo.cpu.kernels.prepack's oneDNN layout), float32 through grpo's native decode
+  kernel (grpo.cpu.native_gemm, where it builds), bfloat16 oneDNN-packed and unpacked; ms per step, GB/s of
   weights read, and the time a kernel that reads and multiplies one after the other would take
   (bytes / plain read + flops / GEMM peak); beside a plain read of a 400 MB tensor (`sum`) and the fp32 GEMM peak
   (bench.common.matmul_peak_flops);
 * a float32 rollout (`grpo.rollout.sample`, 64 new tokens, EOS off) split into the products
-  (grpo.modeling.decoder.linear), the rest of the decode steps, and what is outside them (prefill, token choice);
-* the float32 rollout with `rollout.decode_kernel` native and onednn, and in float32 and under bf16 autocast
+  (grpo.cpu.hooks.linear, the CPU runtime's rollout hook), the rest of the decode steps, and what is outside them (prefill, token choice);
+* the float32 rollout with `cpu.decode_kernel` native and onednn, and in float32 and under bf16 autocast
   (`rollout.precision: bf16`), alternating `--rounds` times.
 
 Writes bench/results/<out>.json.
@@ -43,16 +43,16 @@ def products(hidden: int, inter: int, layers: int, kv_dim: int, rows: int, repea
     import torch
     import torch.nn.functional as F
 
-    from grpo.modeling import native_gemm
-    from grpo.modeling.cpu_kernels import _dnn, bf16_native, padded_rows
+    from grpo.cpu import native_gemm
+    from grpo.cpu.kernels import bf16_native, onednn_linear, padded_rows
 
     shapes = [(hidden + 2 * kv_dim, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter)] * layers
     shapes.append((VOCAB, hidden))
-    onednn = (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, padded_rows(rows)), _dnn)
+    onednn = (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, padded_rows(rows)), onednn_linear)
     plain = (lambda w: w, F.linear)
     kinds = [("float32", "MKL (F.linear)", torch.float32, plain), ("float32", "oneDNN packed", torch.float32, onednn)]
     if native_gemm.library() is not None:
-        kinds.append(("float32", "native (rollout.decode_kernel)", torch.float32, (native_gemm.pack, native_gemm.matmul)))
+        kinds.append(("float32", "native (cpu.decode_kernel)", torch.float32, (native_gemm.pack, native_gemm.matmul)))
     if bf16_native():
         kinds += [("bfloat16", "oneDNN packed", torch.bfloat16, onednn),
                   ("bfloat16", "unpacked (F.linear)", torch.bfloat16, plain)]
@@ -95,20 +95,25 @@ def rollouts(hidden: int, layers: int, rounds: int) -> dict:
     against bf16 autocast, alternating."""
     import torch
 
+    import grpo.cpu.hooks as cpu_hooks
     import grpo.modeling.decoder as decoder
     from bench.common import arithmetic_rows
     from bench.grid import build_model
     from grpo.data.prompts import tokenize_prompts
-    from grpo.modeling import native_gemm
-    from grpo.modeling.cpu_kernels import bf16_native, use_cpu_matmul
+    from grpo.cpu import native_gemm
+    from grpo.cpu.kernels import bf16_native
+    from grpo.cpu.placement import use_cpu_matmul
+    from grpo.training.cpu_runtime import install_hooks
     from grpo.modeling.models import load_policy
     from grpo.rollout import sample
+    from grpo.rollout.params import Prompts, SamplingParams
 
     model, tok = load_policy(str(build_model(hidden, layers, VOCAB)))
+    install_hooks()                                   # the CPU runtime's rollout hook
     use_cpu_matmul(model, "auto")
     batch = tokenize_prompts(tok, arithmetic_rows(2, tok))
     spent = {"linear": 0.0, "step": 0.0}
-    real_linear, real_step = decoder.linear, decoder.LeanDecoder.step
+    real_linear, real_step = cpu_hooks.linear, decoder.LeanDecoder.step
 
     def timed_linear(*a, **k):
         t = time.perf_counter()
@@ -125,8 +130,9 @@ def rollouts(hidden: int, layers: int, rounds: int) -> dict:
     def go(seed: int, bf16: bool) -> float:
         t = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=ROWS // 2, max_new_tokens=NEW,
-                   temperature=1.0, eos_token_id=-1, pad_token_id=tok.pad_token_id, seed=seed)
+            sample(model, Prompts(batch.prompt_ids, batch.prompt_mask),
+                   SamplingParams(n=ROWS // 2, max_tokens=NEW, temperature=1.0, stop_token_ids=(-1,), seed=seed),
+                   pad_token_id=tok.pad_token_id)
         return time.perf_counter() - t
 
     def with_kernel(mode: str, seed: int) -> float:
@@ -138,7 +144,7 @@ def rollouts(hidden: int, layers: int, rounds: int) -> dict:
 
     go(0, False)
     split = []
-    decoder.linear, decoder.LeanDecoder.step = timed_linear, timed_step
+    cpu_hooks.linear, decoder.LeanDecoder.step = timed_linear, timed_step
     try:
         for r in range(rounds):
             spent.update(linear=0.0, step=0.0)
@@ -146,7 +152,7 @@ def rollouts(hidden: int, layers: int, rounds: int) -> dict:
             split.append({"total_s": total, "products_s": spent["linear"], "other_decode_s": spent["step"] - spent["linear"],
                           "outside_decode_s": total - spent["step"]})
     finally:
-        decoder.linear, decoder.LeanDecoder.step = real_linear, real_step
+        cpu_hooks.linear, decoder.LeanDecoder.step = real_linear, real_step
     kernels = []
     if native_gemm.library() is not None:
         with_kernel("onednn", 0)

@@ -28,26 +28,30 @@ G, PROMPTS, PROMPT_LEN, NEW = 8, 2, 24, 64
 def measure(name: str, rounds: int) -> dict:
     import torch
 
-    import grpo.modeling.decoder as decoder
+    from grpo.cpu.hooks import CpuRolloutWeights
     from bench.common import count_params
     from bench.grid import build_model
-    from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.cpu.placement import use_cpu_matmul
+    from grpo.training.cpu_runtime import install_hooks
     from grpo.modeling.models import load_policy
     from grpo.rollout import sample
+    from grpo.rollout.params import Prompts, SamplingParams
 
     hidden, layers = SHAPES[name]
     model_dir = build_model(hidden, layers, 32768)
     model, tok = load_policy(str(model_dir))
+    install_hooks()                                   # the CPU runtime's rollout hook
     use_cpu_matmul(model, "auto")
     ids = torch.randint(100, 30000, (PROMPTS, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    packing = decoder.can_prepack
+    packing = CpuRolloutWeights.pack_rows
 
     def run(pack: bool) -> tuple[float, torch.Tensor]:
-        decoder.can_prepack = packing if pack else (lambda *a: False)
+        CpuRolloutWeights.pack_rows = packing if pack else (lambda *a: None)
         t0 = time.perf_counter()
-        out = sample(model, ids, mask, num_generations=G, max_new_tokens=NEW, temperature=1.0, eos_token_id=-1,
-                     pad_token_id=tok.pad_token_id, seed=0)
+        out = sample(model, Prompts(ids, mask),
+                     SamplingParams(n=G, max_tokens=NEW, temperature=1.0, stop_token_ids=(-1,), seed=0),
+                     pad_token_id=tok.pad_token_id)
         return time.perf_counter() - t0, out.completion_ids
 
     try:
@@ -62,7 +66,7 @@ def measure(name: str, rounds: int) -> dict:
                 else:
                     plain_tokens = tokens
     finally:
-        decoder.can_prepack = packing
+        CpuRolloutWeights.pack_rows = packing
     inner = model.model
     pack_values = sum(m.weight.numel() for layer in inner.layers for m in
                       (*(getattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")),

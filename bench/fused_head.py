@@ -3,7 +3,7 @@
     .venv/bin/python bench/fused_head.py [--shapes h64-l2,base,vocab152k] [--rounds 5]
 
 For each shape of bench/grid.py (a random Qwen2; 16 rows x (24 prompt + 64 completion) tokens, 2 threads, the
-trainer's CPU setup: `model.cpu_matmul: auto`, in-place weight gradients, glibc's mmap threshold as `train.mmap_threshold_mb` sets it), one
+trainer's CPU setup: `cpu.cpu_matmul: auto`, in-place weight gradients, glibc's mmap threshold as `cpu.mmap_threshold_mb` sets it), one
 process alternates the two heads `--rounds` times over two passes as the trainer runs them: the update's
 forward+backward (log-probs and entropies through grpo.modeling.logprobs.completion_logprobs, rows in the
 default token-budget micro-batches) and the reference pass (the same without autograd). Reports the median
@@ -31,16 +31,17 @@ def measure(shape: str, rounds: int) -> dict:
     from bench.grid import build_model, point_spec
     from grpo.config import build_config
     from grpo.modeling import fused_head
-    from grpo.modeling.cpu_kernels import use_cpu_matmul
-    from grpo.modeling.heap import set_mmap_threshold
+    from grpo.cpu.heap import set_mmap_threshold
+    from grpo.cpu.placement import use_cpu_matmul
     from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
     from grpo.modeling.models import load_policy
-    from grpo.training.update import micro_batch_tokens
+    from grpo.training.cpu_runtime import install_hooks, micro_batch_tokens
 
     torch.set_num_threads(2)
-    set_mmap_threshold(build_config().train.mmap_threshold_mb)      # as grpo train
+    set_mmap_threshold(build_config().cpu.mmap_threshold_mb)      # as grpo train
     p = point_spec(shape)
     model, _ = load_policy(str(build_model(p["hidden"], p["layers"], p["vocab"])))
+    install_hooks()                                           # the CPU runtime's model-code hooks
     use_cpu_matmul(model, "auto", grad_in_place=True)
     budget = micro_batch_tokens(0, model)
     gen = torch.Generator().manual_seed(0)

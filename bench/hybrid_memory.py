@@ -1,4 +1,4 @@
-"""Memory cost of Hybrid GRPO's critic against plain GRPO (issue 21).
+"""Memory cost of Hybrid GRPO's critic against plain GRPO.
 
     .venv/bin/python bench/hybrid_memory.py [--model qwen2-57m] [--steps 2]
 

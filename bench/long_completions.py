@@ -1,4 +1,4 @@
-"""Peak memory of one GRPO step against completion length, and the memory planner's choice (issue 22, item 4).
+"""Peak memory of one GRPO step against completion length, and the memory planner's choice.
 
     .venv/bin/python bench/long_completions.py [--lengths 256,1024,2048,4096] [--budget-run 4096:4.0]
 
@@ -49,11 +49,11 @@ def listener(point, step):
         phases["experience" if point == "rollout" else "update"] = rss.peak()
         rss.reset()
 
-_sample = experience.sample
-def fixed_length(*args, **kwargs):           # exactly `length` tokens per row: EOS never ends a completion
-    kwargs["eos_token_id"] = -1
-    return _sample(*args, **kwargs)
-experience.sample = fixed_length
+import grpo.rollout.engines.native as native
+_sample = native.sample
+def fixed_length(model, prompts, params, **kwargs):   # exactly `length` tokens per row: EOS never ends a completion
+    return _sample(model, prompts, params.with_(stop_token_ids=(-1,)), **kwargs)
+native.sample = fixed_length
 
 plan = {}
 import grpo.training.loop as loop
@@ -88,18 +88,20 @@ import torch
 torch.set_num_threads(1)
 from bench.common import PeakRSS
 from grpo.config import build_config
-from grpo.modeling.cpu_kernels import use_cpu_matmul
-from grpo.modeling.heap import set_mmap_threshold
+from grpo.cpu.heap import set_mmap_threshold
+from grpo.cpu.placement import use_cpu_matmul
+from grpo.training.cpu_runtime import install_hooks
 from grpo.modeling.lean_layers import use_lean_layers
 from grpo.modeling.models import load_policy
-from grpo.training.update import build_optimizer, policy_update
+from grpo.training.update import UpdateSettings, build_optimizer, policy_update
 from grpo.types import TrainBatch
 
 model_dir, L, ckpt, lean = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on", sys.argv[5] == "on"
-set_mmap_threshold(build_config().train.mmap_threshold_mb)   # as grpo train
+set_mmap_threshold(build_config().cpu.mmap_threshold_mb)   # as grpo train
 rss = PeakRSS()
 model, _ = load_policy(model_dir)
 use_lean_layers(model, lean)                            # train.lean_layers
+install_hooks()                                           # the CPU runtime's model-code hooks
 use_cpu_matmul(model, "auto")
 cfg = build_config(overrides={"algorithm.beta": 0.0})
 opt, sched = build_optimizer(model, cfg.optim, 10)
@@ -108,10 +110,11 @@ ids = torch.randint(0, 32000, (1, P + L), generator=g)
 mask, cm = torch.ones(1, P + L, dtype=torch.long), torch.ones(1, L)
 kw = dict(temperature=1.0, micro_batch_size=0, max_grad_norm=1.0, gradient_checkpointing=ckpt)
 warm = TrainBatch(ids[:, :P + 4], mask[:, :P + 4], cm[:, :4], torch.ones(1), None, None)
-policy_update(model, opt, sched, warm, cfg.algorithm, **kw)          # gradients and AdamW state exist from here
+policy_update(model, opt, sched, warm, cfg.algorithm, UpdateSettings(**kw))   # gradients and AdamW state exist from here
 base = rss.current()
 rss.reset()
-policy_update(model, opt, sched, TrainBatch(ids, mask, cm, torch.ones(1), None, None), cfg.algorithm, **kw)
+policy_update(model, opt, sched, TrainBatch(ids, mask, cm, torch.ones(1), None, None), cfg.algorithm,
+              UpdateSettings(**kw))
 print("RESULT", json.dumps({"length": L, "ckpt": ckpt, "lean_layers": lean, "base_mib": base, "peak_mib": rss.peak(),
                             "above_steady_state_mib": rss.peak() - base}), flush=True)
 """
@@ -130,7 +133,7 @@ def run_update_only(model_dir: Path, length: int, ckpt: str, lean: str = "on") -
 
 def run_point(model_dir: Path, length: int, overrides: dict, out_dir: Path, threads: int) -> dict:
     """One train step of `length` new tokens in a child process: its peak RSS, phase peaks and plan."""
-    overrides = {"train.output_dir": str(out_dir), "train.num_threads": threads, **overrides}
+    overrides = {"train.output_dir": str(out_dir), "cpu.num_threads": threads, **overrides}
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     root = str(Path(__file__).resolve().parent.parent)
     proc = subprocess.run([sys.executable, "-c", CHILD, root, str(model_dir), str(length), json.dumps(overrides)],

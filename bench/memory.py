@@ -43,7 +43,7 @@ def run_one(model_dir: Path, options: dict[str, str], steps: int, out_dir: Path)
     args = ["train", "--model", str(model_dir), "--max-steps", str(steps), "--output-dir", str(out_dir),
             "--train.prompts_per_step", "2", "--rollout.num_generations", "8", "--rollout.max_new_tokens", "64",
             "--train.micro_batch_size", "8", "--train.save_final", "false", "--log.progress_bar", "false",
-            "--train.num_threads", "1", "--optim.lr", "1e-5"]
+            "--cpu.num_threads", "1", "--optim.lr", "1e-5"]
     for key, value in options.items():
         args += [f"--{key}", value]
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -5,7 +5,7 @@
 Each run is `grpo train` in a fresh process on the configuration of bench/speed.py and
 bench/trl_compare.py (qwen2-100m: a random 100M Qwen2 with a 32k vocabulary, G = 8, 2 prompts per
 step, 64 new tokens, 2 threads, beta = 0.04, the embedded arithmetic prompts, the trainer's defaults
-otherwise: `model.cpu_matmul: auto`, token-budget micro-batches). The precisions alternate
+otherwise: `cpu.cpu_matmul: auto`, token-budget micro-batches). The precisions alternate
 (fp32, bf16, then bf16, fp32, ...) `--rounds` times each. Per run: the median over steps 2.. of
 metrics.jsonl's time/rollout_s (sampling), time/experience_s (sampling + rewards + reference pass),
 time/update_s and time/step_s; the peak RSS is ru_maxrss of the process (model loading included).
@@ -40,7 +40,7 @@ cfg = build_config(overrides={
     "model.path": spec["model"], "data.dataset": spec["data"], "data.shuffle": False,
     "reward.functions": ["accuracy", "format"], "rollout.num_generations": spec["G"],
     "rollout.max_new_tokens": spec["new_tokens"], "algorithm.beta": spec["beta"], "optim.lr": spec["lr"],
-    "train.prompts_per_step": spec["prompts"], "train.max_steps": spec["steps"], "train.num_threads": spec["threads"],
+    "train.prompts_per_step": spec["prompts"], "train.max_steps": spec["steps"], "cpu.num_threads": spec["threads"],
     "train.precision": spec["precision"], "train.output_dir": spec["out"], "train.save_final": False,
     "log.progress_bar": False})
 train(cfg)

@@ -4,12 +4,12 @@
 
 Two configurations, each in a fresh process (so peak memory is its own):
 * embedded: the shipped arithmetic policy (grpo.modeling.models.EMBEDDED_MODEL_DIR) with the demo settings:
-  G = 8, 16 prompts per step, 40 new tokens, 1 thread (the demo's `train.num_threads`).
+  G = 8, 16 prompts per step, 40 new tokens, 1 thread (the demo's `cpu.num_threads`).
 * qwen2-100m: a randomly initialised ~100M Qwen2 with a 32k vocabulary (bench/common.py),
   G = 8, 2 prompts per step, 64-token completions, 2 threads.
 
 Every timing is the median of `--steps` runs after one warm-up; the two rollout samplers alternate.
-Our side runs as `grpo train` does: linears through oneDNN where faster (model.cpu_matmul = auto), the reference pass and
+Our side runs as `grpo train` does: linears through oneDNN where faster (cpu.cpu_matmul = auto), the reference pass and
 update in token-budget micro-batches (train.micro_batch_tokens = 0); `generate` runs with stock PyTorch
 linears. FLOP/s are model FLOPs (forward 2 * params * tokens on the real tokens of each trimmed micro-batch, LM head
 only on completion tokens, attention included; backward = 2 x forward; recomputation not counted)
@@ -82,16 +82,19 @@ def rollout_pair(model, tok, batch, G: int, new_tokens: int, seed: int, fixed_le
     exactly G * B * new_tokens tokens. `rollout_precision` / `generate_precision` (fp32 | bf16 | fp16): the
     autocast each side runs under (`rollout.precision` for ours).
     """
-    from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.cpu.placement import use_cpu_matmul
     from grpo.modeling.precision import autocast
     from grpo.rollout import sample
+    from grpo.training.cpu_runtime import install_hooks
+    from grpo.rollout.params import Prompts, SamplingParams
 
     eos = -1 if fixed_length else tok.eos_token_id
+    install_hooks()                                           # the CPU runtime's rollout hook
     use_cpu_matmul(model, "auto")                             # ours: the trainer's default
+    params = SamplingParams(n=G, max_tokens=new_tokens, temperature=1.0, stop_token_ids=(eos,), seed=seed)
     with autocast(torch.device("cpu"), rollout_precision):
-        out, s_ours = timed(lambda: sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=G,
-                                           max_new_tokens=new_tokens, temperature=1.0, eos_token_id=eos,
-                                           pad_token_id=tok.pad_token_id, seed=seed))
+        out, s_ours = timed(lambda: sample(model, Prompts(batch.prompt_ids, batch.prompt_mask), params,
+                                           pad_token_id=tok.pad_token_id))
     ours_tokens = int(out.completion_mask.sum())
     use_cpu_matmul(model, "aten")                             # generate: stock PyTorch linears
     with torch.no_grad(), autocast(torch.device("cpu"), generate_precision):
@@ -114,15 +117,18 @@ def run_config(name: str, steps: int) -> dict:
     from grpo.modeling.logprobs import completion_logprobs, fixed_logprobs
     from grpo.modeling.models import load_policy
     from grpo.types import TrainBatch
-    from grpo.modeling.cpu_kernels import use_cpu_matmul
-    from grpo.training.update import auto_micro_batch_tokens, bucketed_micro_batches, build_optimizer, policy_update
+    from grpo.cpu.placement import use_cpu_matmul
+    from grpo.training.cpu_runtime import auto_micro_batch_tokens, install_hooks
+    from grpo.training.update import (UpdateSettings, bucketed_micro_batches,
+                                      build_optimizer, policy_update)
 
     c = CONFIGS[name]
     torch.set_num_threads(c["threads"])
     rss = PeakRSS()
     model, tok = load_policy(str(model_dir(name)))
     model.generation_config.top_k = None
-    use_cpu_matmul(model, "auto")                             # as grpo train does (model.cpu_matmul)
+    install_hooks()                                           # the CPU runtime's model-code hooks
+    use_cpu_matmul(model, "auto")                             # as grpo train does (cpu.cpu_matmul)
     ref = copy.deepcopy(model).requires_grad_(False)
     budget = auto_micro_batch_tokens(model)                   # train.micro_batch_tokens = 0
     rows = arithmetic_rows(c["prompts"] * (steps + 1), tok)
@@ -141,19 +147,20 @@ def run_config(name: str, steps: int) -> dict:
             rec["ours_fixed" if fixed else "ours"].append(pair[0])
             rec["hf_fixed" if fixed else "hf"].append(pair[1])
         from grpo.rollout import sample
+        from grpo.rollout.params import Prompts, SamplingParams
 
-        g = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=c["G"],
-                   max_new_tokens=c["new_tokens"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                   seed=i)
+        g = sample(model, Prompts(batch.prompt_ids, batch.prompt_mask),
+                   SamplingParams(n=c["G"], max_tokens=c["new_tokens"], stop_token_ids=(tok.eos_token_id,), seed=i),
+                   pad_token_id=tok.pad_token_id)
         ids = torch.cat([g.prompt_ids, g.completion_ids], 1)
         mask = torch.cat([g.prompt_mask, g.completion_mask], 1)
         T = g.completion_ids.shape[1]
         ref_lp, s_ref = timed(lambda: fixed_logprobs(ref, ids, mask, T, 1.0, max_tokens=budget))
         adv = torch.randn(ids.shape[0], generator=gen)
         train = TrainBatch(ids, mask, g.completion_mask.float(), adv, None, ref_lp)
-        _, s_update = timed(lambda: policy_update(model, opt, sched, train, algo, temperature=1.0,
-                                                  micro_batch_size=0, max_grad_norm=1.0,
-                                                  micro_batch_tokens=budget))
+        _, s_update = timed(lambda: policy_update(model, opt, sched, train, algo,
+                                                  UpdateSettings(temperature=1.0, micro_batch_size=0, max_grad_norm=1.0,
+                                                                 micro_batch_tokens=budget)))
 
         def fwd_bwd():                                        # the update's micro-batches, no optimizer
             for rows in bucketed_micro_batches(mask, 0, budget):

@@ -46,10 +46,10 @@ cfg = build_config(overrides={
     "reward.functions": ["accuracy", "format"], "rollout.num_generations": spec["G"],
     "rollout.max_new_tokens": spec["new_tokens"], "rollout.temperature": 1.0,
     "algorithm.beta": spec["beta"], "algorithm.loss_agg_mode": "seq-mean-token-mean",
-    "algorithm.scale_rewards": "group", "optim.lr": spec["lr"], "optim.adam_beta1": 0.9, "optim.adam_beta2": 0.99,
+    "algorithm.advantage.scale_rewards": "group", "optim.lr": spec["lr"], "optim.adam_beta1": 0.9, "optim.adam_beta2": 0.99,
     "optim.weight_decay": 0.0, "optim.max_grad_norm": 1.0, "optim.lr_scheduler": "constant",
     "train.prompts_per_step": spec["prompts"], "train.micro_batch_size": 0, "train.max_steps": spec["steps"],
-    "train.num_threads": spec["threads"], "train.output_dir": spec["out"], "train.save_final": False,
+    "cpu.num_threads": spec["threads"], "train.output_dir": spec["out"], "train.save_final": False,
     "log.progress_bar": False, **spec.get("overrides", {})})
 result = train(cfg)
 """

@@ -1,32 +1,32 @@
 """The update's forward+backward against the machine's GEMM peak, and its peak memory, by layer kind and
-micro-batch size (issue 22, item 3).
+micro-batch size.
 
     .venv/bin/python bench/update_peak.py [--configs autograd-256,default-256,...,hf-full] [--rounds 2]
 
 One forward+backward of the qwen2-100m fixture (bench/common.py) over 16 rows x (24 prompt + 64 completion)
 tokens, as the update runs it: log-probs and entropy of the completion tokens through the chunked LM head,
 rows in token-budget micro-batches (grpo.modeling.logprobs.bucketed_micro_batches), gradients accumulated,
-2 threads, `model.cpu_matmul: auto`, glibc's own mmap threshold as `grpo train` leaves it (train.mmap_threshold_mb = 0,
+2 threads, `cpu.cpu_matmul: auto`, glibc's own mmap threshold as `grpo train` leaves it (cpu.mmap_threshold_mb = 0,
 the default since 2026-11-25) unless a configuration says otherwise, and (all but autograd-256, hf-full and
 lean-256-nobuf) the gradients as views of one flat buffer made at the start of each timed pass, as the update makes
-it (train.grad_buffer, on 2 MiB pages: train.huge_pages). Configurations, each a fresh process, alternating over `--rounds`:
+it (cpu.grad_buffer, on 2 MiB pages: cpu.huge_pages). Configurations, each a fresh process, alternating over `--rounds`:
 
-* autograd-256: stock Hugging Face layers, weight gradients through autograd (train.grad_in_place false),
+* autograd-256: stock Hugging Face layers, weight gradients through autograd (cpu.grad_in_place false),
   256-token micro-batches, mmap threshold 1 MiB: the defaults before 2026-11-25;
-* default-256: the defaults: weight gradients accumulated in place (train.grad_in_place, GradIntoLinear),
+* default-256: the defaults: weight gradients accumulated in place (cpu.grad_in_place, GradIntoLinear),
   the default micro-batch (256 tokens), glibc's own mmap threshold;
-* mmap1-256: the same with train.mmap_threshold_mb = 1 (the default before 2026-11-25);
+* mmap1-256: the same with cpu.mmap_threshold_mb = 1 (the default before 2026-11-25);
 * lean-256: the same with train.lean_layers (grpo/modeling/lean_layers.py), the defaults since 2026-11-27; weight
-  gradients by `train.grad_kernel: auto` (grpo's native kernel on AVX-512 since 2026-11-28, oneDNN before);
-* lean-256-onednn: the same with `train.grad_kernel: onednn` (products in blocks, then added);
-* lean-256-small-pages: lean-256 with `train.huge_pages: false` (the gradient buffer in 4 KiB pages);
-* lean-256-nobuf: lean-256 with `train.grad_buffer: false` (gradients made one by one in the first backward, as
+  gradients by `cpu.grad_kernel: auto` (grpo's native kernel on AVX-512 since 2026-11-28, oneDNN before);
+* lean-256-onednn: the same with `cpu.grad_kernel: onednn` (products in blocks, then added);
+* lean-256-small-pages: lean-256 with `cpu.huge_pages: false` (the gradient buffer in 4 KiB pages);
+* lean-256-nobuf: lean-256 with `cpu.grad_buffer: false` (gradients made one by one in the first backward, as
   this benchmark ran every configuration before 2026-11-28's later session);
-* lean-256-torch-ops: lean-256 with `train.elementwise_kernel: torch` and `train.attention_kernel: torch`
+* lean-256-torch-ops: lean-256 with `cpu.elementwise_kernel: torch` and `cpu.attention_kernel: torch`
   (torch's elementwise operators and transformers' sdpa, the defaults before 2026-11-28; since then grpo's
-  native passes, grpo/modeling/native_elementwise.py and native_attention.py, where they build);
+  native passes, grpo/cpu/native_elementwise.py and native_attention.py, where they build);
 * default-704 / lean-704: 704-token micro-batches (8 rows);
-* default-704-mmap1: the same with train.mmap_threshold_mb = 1;
+* default-704-mmap1: the same with cpu.mmap_threshold_mb = 1;
 * hf-full: a plain Hugging Face forward+backward of the whole batch at once (full logits, log-softmax,
   stock layers and aten linears, glibc's own threshold): the issue's reference point.
 
@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: name: train.lean_layers (lean), micro-batch tokens (tokens; -1: the whole batch in one plain pass),
-#: train.mmap_threshold_mb (mmap), train.grad_in_place (in_place), and, default auto / on, train.grad_kernel (grad),
-#: train.elementwise_kernel and train.attention_kernel (ops), train.grad_buffer (buffer), train.huge_pages (huge)
+#: cpu.mmap_threshold_mb (mmap), cpu.grad_in_place (in_place), and, default auto / on, cpu.grad_kernel (grad),
+#: cpu.elementwise_kernel and cpu.attention_kernel (ops), cpu.grad_buffer (buffer), cpu.huge_pages (huge)
 CONFIGS = {"autograd-256": dict(lean=False, tokens=256, mmap=1, in_place=False, buffer=False),
            "default-256": dict(lean=False, tokens=0, mmap=0, in_place=True),
            "mmap1-256": dict(lean=False, tokens=0, mmap=1, in_place=True),
@@ -71,16 +71,15 @@ def child(name: str) -> dict:
 
     from bench.common import PeakRSS, build_bench_model, matmul_peak_flops
     from bench.speed import MODELS_DIR, forward_flops
-    from grpo.modeling import native_gemm
-    from grpo.modeling.cpu_kernels import use_cpu_matmul
-    from grpo.modeling.heap import set_mmap_threshold
-    from grpo.modeling.grad_in_place import gradient_buffer
-    from grpo.modeling.heap import use_huge_pages
+    from grpo.cpu import native_gemm
+    from grpo.cpu.grad_in_place import gradient_buffer
+    from grpo.cpu.heap import set_mmap_threshold, use_huge_pages
+    from grpo.cpu.placement import use_cpu_matmul
     from grpo.modeling.lean_layers import use_lean_layers
     from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
     from grpo.modeling.models import load_policy
-    from grpo.modeling.native_attention import use_native_attention
-    from grpo.training.update import micro_batch_tokens
+    from grpo.cpu.native_attention import use_native_attention
+    from grpo.training.cpu_runtime import install_hooks, micro_batch_tokens
 
     c = {"grad": "auto", "ops": "auto", "buffer": True, "huge": True, **CONFIGS[name]}
     lean, tokens, mmap_mb, in_place, grad_kernel, ops_kernel = (c[k] for k in ("lean", "tokens", "mmap", "in_place",
@@ -91,6 +90,7 @@ def child(name: str) -> dict:
     set_mmap_threshold(mmap_mb)
     model, _ = load_policy(str(build_bench_model("qwen2-100m", MODELS_DIR)))
     use_lean_layers(model, lean)
+    install_hooks()                                           # the CPU runtime's model-code hooks
     use_cpu_matmul(model, "aten" if tokens < 0 else "auto", grad_in_place=in_place)
     use_native_attention(model, tokens >= 0)                         # as the CPU runtime places the policy
     model.train()
@@ -102,7 +102,7 @@ def child(name: str) -> dict:
 
     def fwd_bwd():
         if c["buffer"]:
-            gradient_buffer(params)                  # as the update starts (train.grad_buffer), inside the timing
+            gradient_buffer(params)                  # as the update starts (cpu.grad_buffer), inside the timing
         if budget < 0:
             logits = model(input_ids=ids, attention_mask=mask).logits[:, PROMPT - 1:-1].float()
             torch.log_softmax(logits, -1).gather(-1, ids[:, PROMPT:, None]).sum().backward()

@@ -26,7 +26,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "grpo.models": ("grpo.modeling.models",),
     "grpo.logprobs": ("grpo.modeling.logprobs",),
     "grpo.shared_prompt": ("grpo.modeling.shared_prompt",),
-    "grpo.kernels": ("grpo.modeling.cpu_kernels",),
+    "grpo.kernels": ("grpo.cpu.kernels", "grpo.cpu.placement"),
     "grpo.lora": ("grpo.modeling.lora",),
     "grpo.reference": ("grpo.modeling.reference",),
     "grpo.precision": ("grpo.modeling.precision",),
@@ -56,6 +56,15 @@ MOVED: dict[str, tuple[str, ...]] = {
     "grpo.demo": ("grpo.cli.demo",),
     "grpo.plots": ("grpo.cli.plots",),
     "grpo.rewards.check": ("grpo.cli.rewards_check",),
+    # the CPU-only machinery, out of grpo/modeling into grpo/cpu (reached from the CPU runtime only)
+    "grpo.modeling.cpu_kernels": ("grpo.cpu.kernels", "grpo.cpu.placement"),
+    "grpo.modeling.native_gemm": ("grpo.cpu.native_gemm",),
+    "grpo.modeling.native_attention": ("grpo.cpu.native_attention",),
+    "grpo.modeling.native_elementwise": ("grpo.cpu.native_elementwise",),
+    "grpo.modeling.heap": ("grpo.cpu.heap",),
+    "grpo.modeling.workspace": ("grpo.cpu.workspace",),
+    "grpo.modeling.grad_in_place": ("grpo.cpu.grad_in_place", "grpo.modeling.in_place"),
+    "grpo.modeling.vml_warmup": ("grpo.cpu.vml_warmup",),
 }
 
 

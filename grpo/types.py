@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from grpo.accelerator import host_copy
 from grpo.algorithms.advantages import Advantages
 from grpo.algorithms.rollout_stats import repeated_ngram_rows
 
@@ -39,6 +40,29 @@ class Scored:
     errors: dict[str, int] = field(default_factory=dict)
 
 
+class HostView:
+    """The host side of a batch: its token ids, attention mask and completion mask on the CPU, where every decision
+    about the step's structure is made (micro-batches, padding trimmed, distinct prompts, the loss normaliser), so the
+    step reads nothing back from the device for them. On the CPU these are the batch's own tensors; on an accelerator
+    one copy per step (grpo.accelerator.host_copy) or what the rollout already holds on the host.
+    A plain class (not a dataclass): DDP's input mover leaves it on the host."""
+
+    __slots__ = ("input_ids", "attention_mask", "completion_mask")
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor | None):
+        self.input_ids, self.attention_mask, self.completion_mask = input_ids, attention_mask, completion_mask
+
+    @classmethod
+    def of(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+           completion_mask: torch.Tensor | None = None) -> "HostView":
+        return cls(host_copy(input_ids), host_copy(attention_mask),
+                   None if completion_mask is None else host_copy(completion_mask))
+
+    def rows(self, idx) -> "HostView":
+        return HostView(self.input_ids[idx], self.attention_mask[idx],
+                        None if self.completion_mask is None else self.completion_mask[idx])
+
+
 @dataclass
 class TrainBatch:
     """Everything the update needs: sequences, completion mask, advantages, fixed log-probs."""
@@ -53,18 +77,25 @@ class TrainBatch:
                                                     # filtered or greedy, not comparable with the policy's)
     beta: torch.Tensor | None = None   # [N] per-row KL coefficient (algorithm.beta_by_domain); None = algorithm.beta
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # [N, ...] extra forward inputs (pixel_values)
+    host: HostView | None = None       # the host side (None: copied on first use, once per step)
 
     @property
     def completion_length(self) -> int:
         return self.completion_mask.shape[1]
 
+    def host_view(self) -> HostView:
+        """The batch's :class:`HostView`, copied from the device once and kept."""
+        if self.host is None:
+            self.host = HostView.of(self.input_ids, self.attention_mask, self.completion_mask)
+        return self.host
+
     def rows(self, idx: slice) -> "TrainBatch":
-        """A micro-batch: the same fields restricted to rows `idx`."""
+        """A micro-batch: the same fields restricted to rows `idx` (a slice or host row indices)."""
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return TrainBatch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx],
                           self.advantages[idx], pick(self.old_logprobs), pick(self.ref_logprobs),
                           pick(self.sampling_logprobs), pick(self.beta),
-                          {k: v[idx] for k, v in self.model_inputs.items()})
+                          {k: v[idx] for k, v in self.model_inputs.items()}, self.host_view().rows(idx))
 
 
 

@@ -17,6 +17,18 @@ def tiny_model():
     return tiny_qwen2()
 
 
+@pytest.fixture(autouse=True)
+def cpu_model_hooks():
+    """Every test runs with the CPU runtime's model-code hooks in force (grpo.cpu.hooks, as a CPU run has them after
+    ``CpuRuntime.prepare_process``; a test's CudaRuntime puts the plain ones in), and leaves the previous ones."""
+    from grpo.modeling.hooks import install
+    from grpo.training.cpu_runtime import install_hooks
+
+    previous = install(None)
+    yield install_hooks()
+    install(previous)
+
+
 class ScalarReads:
     """Counts the device-to-host scalar reads (``aten._local_scalar_dense``: ``float()``, ``.item()``) made while
     it is active, by code whose innermost grpo frame is in one of `files` (path suffixes): on a GPU each one stalls

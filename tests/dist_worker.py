@@ -33,7 +33,7 @@ from grpo.config import build_config  # noqa: E402
 from grpo.modeling.models import load_policy  # noqa: E402
 from grpo.api.trainer import train  # noqa: E402
 from grpo.types import TrainBatch  # noqa: E402
-from grpo.training.update import build_optimizer, policy_update  # noqa: E402
+from grpo.training.update import UpdateSettings, build_optimizer, policy_update  # noqa: E402
 from tests.run_helpers import tiny_config  # noqa: E402
 
 
@@ -57,9 +57,9 @@ def run_update(model, batch, cfg, par=None):
     state.optimizer, state.scheduler = build_optimizer(model, cfg.optim, 10)
     if par is not None:
         par.prepare(state, cfg)
-    stats = policy_update(model if par is None else par.policy, state.optimizer, state.scheduler, batch,
-                          cfg.algorithm, temperature=1.0, micro_batch_size=cfg.train.micro_batch_size,
-                          max_grad_norm=cfg.optim.max_grad_norm, parallel=par)
+    stats = policy_update(model if par is None else par.policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
+                          UpdateSettings(temperature=1.0, micro_batch_size=cfg.train.micro_batch_size,
+                                         max_grad_norm=cfg.optim.max_grad_norm, parallel=par))
     if par is not None:
         par.after_update(state)
     return state.model, stats
@@ -101,10 +101,10 @@ def plain_sgd(model, cfg, total_steps, extra_groups=()):
 def recording_draws(draw, log: dict):
     """Wrap grpo.training.experience.draw_groups: log[global prompt index] = the G completions' ids and total rewards."""
 
-    def draw_and_record(model, tokenizer, rows, rewards, cfg, index, device, env=None, engine=None):
+    def draw_and_record(inputs, rows, index, cfg, device):
         from grpo.training.experience import completion_id_lists
 
-        groups = draw(model, tokenizer, rows, rewards, cfg, index, device, env, engine)
+        groups = draw(inputs, rows, index, cfg, device)
         ids, G = completion_id_lists(groups.gen), cfg.rollout.num_generations
         for j, p in enumerate(index):
             log[p] = {"ids": ids[j * G:(j + 1) * G], "rewards": groups.total[j * G:(j + 1) * G].tolist()}

@@ -44,7 +44,7 @@ def make_reward(directory: Path) -> str:
 def tiny_config(model_dir: Path, reward: str, out: Path, **over) -> dict:
     """Flat overrides of a run that takes well under a second per step on one CPU thread."""
     return {"model.path": str(model_dir), "reward.functions": [reward], "train.output_dir": str(out),
-            "train.max_steps": 6, "train.save_steps": 2, "train.prompts_per_step": 2, "train.num_threads": 1,
+            "train.max_steps": 6, "train.save_steps": 2, "train.prompts_per_step": 2, "cpu.num_threads": 1,
             "rollout.num_generations": 4, "rollout.max_new_tokens": 6, "optim.lr": 1e-2,
             "data.num_train_prompts": 20, "log.progress_bar": False, **over}
 

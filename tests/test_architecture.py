@@ -18,18 +18,20 @@ PACKAGE = Path(grpo.__file__).parent
 ALLOWED: dict[str, set[str]] = {
     "algorithms": set(),                                            # pure math: nothing from grpo
     "events": set(),
+    "accelerator": set(),                                           # the device interface: torch only
     "vision": set(),                                                # the shapes world: numpy and torch only
-    "types": {"config", "algorithms"},
+    "types": {"config", "algorithms", "accelerator"},
     "config": {"algorithms"},                                       # validation reads the registries
-    "modeling": {"config", "types", "events"},
+    "modeling": {"config", "types", "events", "accelerator"},
+    "cpu": {"modeling"},                                            # CPU-only machinery: fills modeling's hooks
     "rewards": {"config", "types", "algorithms", "modeling"},
     "rollout": {"config", "types", "modeling"},
     "data": {"config", "types", "rewards", "vision"},
-    "state": {"config", "types", "events", "algorithms", "modeling", "data"},
+    "state": {"config", "types", "events", "algorithms", "modeling", "data", "accelerator"},
     "health": {"config", "types", "state"},                         # rules read metric histories only
     "envs": {"config", "types", "rewards", "rollout", "modeling", "data"},   # environments drive the rollout
     "training": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state",
-                 "health", "envs"},
+                 "health", "envs", "accelerator", "cpu"},           # cpu: from grpo.training.cpu_runtime only
     "flow": {"config", "types", "algorithms", "state", "health", "training", "vision"},   # Flow-GRPO's sibling loop
     "api": {"config", "types", "events", "algorithms", "modeling", "rewards", "rollout", "data", "state", "training",
             "health", "envs"},
@@ -38,7 +40,10 @@ ALLOWED: dict[str, set[str]] = {
 }
 #: edges the issue names as forbidden (they must stay outside ALLOWED).
 FORBIDDEN = [("algorithms", "training"), ("rollout", "rewards"), ("rewards", "training"), ("data", "training"),
-             ("algorithms", "modeling"), ("modeling", "rollout"), ("modeling", "training"), ("state", "training")]
+             ("algorithms", "modeling"), ("modeling", "rollout"), ("modeling", "training"), ("state", "training"),
+             ("modeling", "cpu"), ("rollout", "cpu"), ("api", "cpu"), ("cli", "cpu")]
+#: The only module outside grpo/cpu that may import it (grpo._compat's table of old paths only names it).
+CPU_IMPORTERS = {"grpo.training.cpu_runtime"}
 EXEMPT = {"grpo", "grpo.__main__", "grpo._compat"}   # the lazy public exports, `python -m grpo`, the old paths
 
 
@@ -52,10 +57,19 @@ def part_of(module: str) -> str:
     return module.split(".")[1]
 
 
+MAIN_GUARDS = {"__name__ == '__main__'", "'__main__' == __name__"}
+
+
 def imported_modules(source: str, module: str) -> list[tuple[str, int]]:
-    """Every grpo module `source` imports (function-level imports too): (module, line)."""
+    """Every grpo module `source` imports (function-level imports too): (module, line). The body of an
+    ``if __name__ == "__main__":`` guard is left out: a module's ``python -m`` entry may hand over to grpo/cli/."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    script = {id(n) for g in tree.body if isinstance(g, ast.If) and ast.unparse(g.test) in MAIN_GUARDS
+              for n in ast.walk(g)}
+    for node in ast.walk(tree):
+        if id(node) in script:
+            continue
         if isinstance(node, ast.Import):
             found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "grpo"]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "grpo":
@@ -106,6 +120,18 @@ def test_the_allowed_graph_has_no_cycle_and_excludes_the_named_edges():
     assert all(depth(p) >= 1 for p in ALLOWED)
 
 
+def test_only_the_cpu_runtime_imports_the_cpu_package():
+    """grpo.cpu is reached through grpo.training.cpu_runtime alone: every other module, function-level imports
+    included, goes through the runtime or grpo.modeling.hooks. Checked on the import statements and grep-style."""
+    importers = {src for src, dst, _ in package_edges()
+                 if part_of(dst) == "cpu" and part_of(src) != "cpu" and src not in EXEMPT}
+    assert importers == CPU_IMPORTERS
+    texts = {module_name(p): p.read_text() for p in PACKAGE.rglob("*.py")}
+    grepped = {m for m, text in texts.items() if "from grpo.cpu" in text or "import grpo.cpu" in text
+               or "from grpo import cpu" in text}
+    assert {m for m in grepped if part_of(m) != "cpu"} == CPU_IMPORTERS
+
+
 def test_the_checker_catches_a_forbidden_edge():
     """A forbidden import, including one hidden inside a function, is reported with its line."""
     source = "import torch\n\ndef f():\n    from grpo.training.loop import run\n    return run\n"
@@ -114,6 +140,89 @@ def test_the_checker_catches_a_forbidden_edge():
     edges = [("grpo.rollout.sampler", dst, line)
              for dst, line in imported_modules("from grpo import rewards\n", "grpo.rollout.sampler")]
     assert violations(edges) == ["grpo.rollout.sampler:1 imports grpo.rewards (rollout -> rewards)"]
+
+
+#: Imports between modules of one folder that may close a circle: (importer, imported) -> why. Empty: none may.
+CIRCLE_EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def folder_of(module: str) -> str:
+    """The folder a module sits in: grpo.config.build -> grpo.config; a package (its __init__) is in itself."""
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    return module if path.is_dir() else module.rpartition(".")[0]
+
+
+def sibling_edges(edges: list[tuple[str, str, int]], modules: set[str]) -> dict[str, set[str]]:
+    """importer -> the modules of its own folder it imports (`from grpo.config import build` names the submodule
+    build; `from grpo.config import Config` the package itself), exceptions left out."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for src, dst, _ in edges:
+        if dst in modules and dst != src and folder_of(dst) == folder_of(src) and (src, dst) not in CIRCLE_EXCEPTIONS:
+            graph[src].add(dst)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other round a circle (strongly connected, more than one), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def submodule_edges() -> list[tuple[str, str, int]]:
+    """package_edges, with `from grpo.x import y` pointing at grpo.x.y when y is a module."""
+    edges = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "grpo":
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    is_module = PACKAGE.parent.joinpath(*sub.split(".")).with_suffix(".py").is_file() or \
+                        PACKAGE.parent.joinpath(*sub.split(".")).is_dir()
+                    edges.append((src, sub if is_module else node.module, node.lineno))
+            elif isinstance(node, ast.Import):
+                edges += [(src, a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "grpo"]
+    return edges
+
+
+def test_no_import_circle_inside_a_folder():
+    """Inside each folder imports go one way, function-level imports included: names two modules share sit in a
+    third (grpo/cli/common.py, grpo/config/errors.py, grpo/config/names.py), not behind a late import."""
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    assert circles(sibling_edges(submodule_edges(), modules)) == []
+    assert all(a in modules and b in modules for a, b in CIRCLE_EXCEPTIONS)
+
+
+def test_the_circle_finder_sees_a_circle_hidden_in_a_function():
+    graph = {"grpo.cli.main": {"grpo.cli.flow"}, "grpo.cli.flow": {"grpo.cli.main"}, "grpo.cli.plots": set(),
+             "grpo.config.a": {"grpo.config.b"}, "grpo.config.b": {"grpo.config.c"}, "grpo.config.c": {"grpo.config.a"}}
+    assert circles(graph) == [["grpo.cli.flow", "grpo.cli.main"], ["grpo.config.a", "grpo.config.b", "grpo.config.c"]]
+    source = "import os\n\ndef f():\n    from grpo.cli.main import parse_overrides\n"
+    edges = [("grpo.cli.flow", dst, line) for dst, line in imported_modules(source, "grpo.cli.flow")]
+    edges.append(("grpo.cli.main", "grpo.cli.flow", 15))
+    assert circles(sibling_edges(edges, {"grpo.cli.main", "grpo.cli.flow"})) == [["grpo.cli.flow", "grpo.cli.main"]]
 
 
 def test_every_import_names_a_module_that_exists():
@@ -126,7 +235,15 @@ def test_every_import_names_a_module_that_exists():
 
 @pytest.mark.parametrize("old,name", [("grpo.loss", "grpo_loss"), ("grpo.trainer", "train"),
                                       ("grpo.guards", "OutputDirLock"), ("grpo.guards", "BadSteps"),
-                                      ("grpo.tasks.arithmetic", "solve"), ("grpo.kernels", "DnnLinear")])
+                                      ("grpo.tasks.arithmetic", "solve"), ("grpo.kernels", "DnnLinear"),
+                                      ("grpo.modeling.cpu_kernels", "use_cpu_matmul"),
+                                      ("grpo.modeling.native_gemm", "grad_accumulate"),
+                                      ("grpo.modeling.native_attention", "use_native_attention"),
+                                      ("grpo.modeling.native_elementwise", "swiglu_forward"),
+                                      ("grpo.modeling.heap", "release_free_heap"), ("grpo.modeling.workspace", "held"),
+                                      ("grpo.modeling.grad_in_place", "GradIntoLinear"),
+                                      ("grpo.modeling.grad_in_place", "accumulate_grad"),
+                                      ("grpo.modeling.vml_warmup", "warm_vml")])
 def test_old_import_paths_forward_with_a_deprecation_warning(old, name):
     from grpo._compat import MOVED
 

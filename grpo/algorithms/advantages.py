@@ -3,7 +3,8 @@
 Every estimator has the signature ``fn(rewards [N], group_size G, eps, scale_rewards="group") ->
 Advantages`` with rows ordered group by group (row i * G + g is completion g of prompt i); the
 advantage of a completion is given to each of its tokens. Variants are entries in
-``ADVANTAGE_ESTIMATORS``, chosen by ``algorithm.advantage_estimator``.
+``ADVANTAGE_ESTIMATORS``, chosen with their parameters (``ADVANTAGE_PARAMS``) by the variant key
+``algorithm.advantage: {name: grpo, eps: 1e-4, scale_rewards: group}``.
 
 Missing rewards: a NaN reward means "no reward for this completion" (every reward function returned
 None). Such rows get advantage exactly 0 and are left out of every mean and std (of their group and
@@ -17,9 +18,11 @@ entry (``algorithm.reward_combination``); the estimator is then applied to that 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
+
+from grpo.algorithms.params import param, require
 
 
 @dataclass
@@ -127,8 +130,8 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4
         A_i = r_i - mean(r_group)
 
     The registry name ``dr_grpo`` is an alias: this is :func:`grpo_advantages` with
-    ``scale_rewards="none"`` (the one implementation); ``algorithm.advantage_estimator: dr_grpo`` with
-    ``algorithm.scale_rewards: batch`` is refused by the config checks.
+    ``scale_rewards="none"`` (the one implementation), so ``algorithm.advantage: dr_grpo`` takes no
+    ``scale_rewards`` parameter.
 
     Shape: [N] -> [N]
     """
@@ -180,6 +183,43 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "rloo": rloo_advantages,
     "reinforce_pp": reinforce_pp_advantages,
 }
+
+# ---------------------------------------------------------------- each entry's parameters (algorithm.advantage)
+
+
+@dataclass(frozen=True)
+class EpsParams:
+    eps: float = param(1e-4, "eps of the std divisions: the estimator's (grpo: std + eps, reinforce_pp: the batch "
+                       "whitening) and, whichever estimator, reward_combination normalize_then_sum, process and "
+                       "per-turn advantages, entropy-shaped advantages and the critic's.")
+
+    def __post_init__(self) -> None:
+        require(self.eps >= 0, "eps must be >= 0")
+
+
+@dataclass(frozen=True)
+class GrpoAdvantageParams(EpsParams):
+    scale_rewards: str = param("group", "The std A is divided by (as TRL's scale_rewards): group | batch | none "
+                               "(no division; = dr_grpo).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.scale_rewards in REWARD_SCALES,
+                f"scale_rewards must be one of {sorted(REWARD_SCALES)}, got {self.scale_rewards!r}")
+
+
+#: Every entry declares eps: the stages around the estimator (see EpsParams) compute with it under any entry.
+#: scale_rewards belongs to grpo alone: dr_grpo is grpo with none, rloo and reinforce_pp do not scale by a std.
+ADVANTAGE_PARAMS: dict[str, type] = {"grpo": GrpoAdvantageParams, "dr_grpo": EpsParams, "rloo": EpsParams,
+                                     "reinforce_pp": EpsParams}
+
+
+def estimate_advantages(advantage: Any, rewards: torch.Tensor, group_size: int) -> Advantages:
+    """The advantages of `advantage` (the config's Variant: name and ADVANTAGE_PARAMS instance); the entries
+    without scale_rewards ignore the argument (dr_grpo divides by nothing, rloo and reinforce_pp by no group std).
+    [N] -> [N]."""
+    scale = getattr(advantage.params, "scale_rewards", "group")
+    return ADVANTAGE_ESTIMATORS[advantage.name](rewards, group_size, advantage.params.eps, scale)
 
 # ---------------------------------------------------------------- multi-objective reward combination
 

@@ -15,11 +15,13 @@ G, weight, estimator, eps) to advantages [N] or [N, T]; ``estimator`` is the con
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from grpo.algorithms.advantages import group_stats
+from grpo.algorithms.params import NoParams, param, require
 
 TINY = 1e-8   # floor of an entropy we divide by (a deterministic token has H = 0)
 
@@ -156,6 +158,19 @@ ENTROPY_ADVANTAGES: dict[str, EntropyAdvantageFn | None] = {
     "gtpo": gtpo_advantages,
     "grpo_s": grpo_s_advantages,
 }
+
+
+@dataclass(frozen=True)
+class EntropyRewardParams:
+    reward_weight: float = param(0.1, "The weight alpha_2 (beta_2) of the entropy term in the shaped reward, the "
+                                 "outcome's weight being 1 (GTPO's experiments: 0.1).")
+
+    def __post_init__(self) -> None:
+        require(0 <= self.reward_weight <= 1, "reward_weight must be in [0, 1]")
+
+
+ENTROPY_ADVANTAGE_PARAMS: dict[str, type] = {"none": NoParams, "edge": NoParams, "gtpo": EntropyRewardParams,
+                                             "grpo_s": EntropyRewardParams}
 
 
 def guided_correction_rows(correct: torch.Tensor, rewarded: torch.Tensor, has_solution: torch.Tensor,

@@ -19,13 +19,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from grpo.algorithms.params import NoParams, param, require
+
 
 @dataclass(frozen=True)
 class EntropyControlParams:
-    target: float = 0.2
-    delta: float = 0.005
-    coef_min: float = 0.0
-    coef_max: float = 1.0
+    target: float = param(0.2, "Target mean token entropy in nats (set it near the entropy of early training, "
+                          "metric policy/entropy).")
+    delta: float = param(0.005, "Change of the coefficient per optimizer step.")
+    coef_min: float = param(0.0, "Lower bound of the coefficient.")
+    coef_max: float = param(1.0, "Upper bound of the coefficient.")
+
+    def __post_init__(self) -> None:
+        require(0 <= self.coef_min <= self.coef_max and self.delta >= 0,
+                "coef_min <= coef_max (both >= 0) and delta >= 0")
 
 
 def fixed_applied(coef: float, last_entropy: float, p: EntropyControlParams) -> float:
@@ -53,3 +60,5 @@ ENTROPY_CONTROLS: dict[str, tuple[Callable[[float, float, EntropyControlParams],
     "fixed": (fixed_applied, fixed_next),
     "adaptive": (adaptive_applied, adaptive_next),
 }
+
+ENTROPY_CONTROL_PARAMS: dict[str, type] = {"fixed": NoParams, "adaptive": EntropyControlParams}

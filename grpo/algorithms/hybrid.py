@@ -20,9 +20,12 @@ trained by the value loss 1/2 mean_i (V(q_i) - r_i)^2 over the completions with 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from grpo.algorithms.advantages import REWARD_SCALES, Advantages, group_stats
+from grpo.algorithms.params import NoParams, param, require
 
 
 def hybrid_advantages(rewards: torch.Tensor, values: torch.Tensor, group_size: int, alpha: float,
@@ -68,3 +71,18 @@ class ValueHead(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """[B, H] -> [B]"""
         return self.linear(features.float()).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class ValueHeadParams:
+    alpha: float = param(0.5, "Weight of the group's mean reward in the baseline (1 = GRPO, 0 = the critic alone).")
+    lr: float = param(1e-3, "AdamW learning rate of the value head (its own optimizer).")
+    steps: int = param(1, "Value-head optimizer steps on each step's prompts and rewards.")
+
+    def __post_init__(self) -> None:
+        require(0 <= self.alpha <= 1, "alpha must be in [0, 1]")
+        require(self.lr > 0 and self.steps >= 1, "lr must be > 0 and steps >= 1")
+
+
+#: algorithm.critic: none | value_head (grpo/training/critic.py builds it).
+CRITIC_PARAMS: dict[str, type] = {"none": NoParams, "value_head": ValueHeadParams}

@@ -12,9 +12,12 @@ two correct), logistic A = 0.4, B = 1.5, rho_0 = 0.75, k = 10.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from grpo.algorithms.params import NoParams, param, require
 
 
 def _check(n: int, group_size: int, name: str) -> None:
@@ -104,3 +107,19 @@ DIFFICULTY_WEIGHTINGS: dict[str, DifficultyFn] = {
     "none": lambda advantages, correct, rewarded, group_size, **_: advantages,
     "lead": lead_difficulty_weights,
 }
+
+
+@dataclass(frozen=True)
+class LogisticWeightParams:
+    """The keyword arguments of lead_difficulty_weights: w(rho) = w_min + (w_max - w_min) / (1 + exp(k (rho - rho_0)))."""
+
+    w_min: float = param(0.4, "Lowest weight (of the easiest prompts).")
+    w_max: float = param(1.5, "Highest weight (of the hardest prompts).")
+    midpoint: float = param(0.75, "The midpoint rho_0.")
+    steepness: float = param(10.0, "The steepness k.")
+
+    def __post_init__(self) -> None:
+        require(0 <= self.w_min <= self.w_max, "w_min must be >= 0 and <= w_max")
+
+
+DIFFICULTY_WEIGHTING_PARAMS: dict[str, type] = {"none": NoParams, "lead": LogisticWeightParams}

@@ -26,9 +26,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
+
+from grpo.algorithms.params import param, require
 
 
 class Surrogate(NamedTuple):
@@ -54,10 +56,11 @@ class PolicyLossParams:
     vespo_lambda_neg: float = 2.0
 
     @classmethod
-    def of(cls, settings) -> "PolicyLossParams":
-        """The constants `settings` (e.g. the algorithm config) has under these names; the others keep their
-        defaults (grpo_loss sets eps_low / eps_high / clip_ratio_c from its own arguments)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls) if hasattr(settings, f.name)})
+    def of_entry(cls, name: str, params: Any) -> "PolicyLossParams":
+        """The constants of entry `name` from its declared parameters (POLICY_LOSS_PARAMS): parameter p of
+        entry e is the field e_p here (sapo's tau_pos -> sapo_tau_pos); the others keep their defaults
+        (grpo_loss sets eps_low / eps_high / clip_ratio_c from its own arguments)."""
+        return cls(**{f"{name}_{f.name}": getattr(params, f.name) for f in dataclasses.fields(params)})
 
 
 def _per_token(advantages: torch.Tensor) -> torch.Tensor:
@@ -153,3 +156,52 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "sapo": sapo_surrogate,
     "vespo": vespo_surrogate,
 }
+
+
+# ---------------------------------------------------------------- each entry's parameters (algorithm.policy_loss)
+
+
+@dataclass(frozen=True)
+class ClipParams:
+    ratio_c: float | None = param(None, "Dual-clip constant c > 1 (verl clip_ratio_c, e.g. 3.0): caps the loss of "
+                                  "A < 0 tokens at -c * A; empty = off.")
+    delta: float | None = param(None, "INTELLECT-2's delta > 1 + epsilon_high (TRL delta): the unclipped ratio is "
+                                "capped at delta too, a two-sided clip for A < 0; empty = off.")
+
+    def __post_init__(self) -> None:
+        require(self.ratio_c is None or self.ratio_c > 1, "ratio_c must be > 1 (or empty)")
+        require(self.delta is None or self.delta > 1, "delta must be > 1 (or empty)")
+
+
+@dataclass(frozen=True)
+class CispoParams:
+    max: float = param(5.0, "The importance weight is min(r, max) (ScaleRL's eps_max; TRL's epsilon_high under "
+                       "loss_type cispo).")
+
+    def __post_init__(self) -> None:
+        require(self.max > 0, "max must be > 0")
+
+
+@dataclass(frozen=True)
+class SapoParams:
+    tau_pos: float = param(1.0, "Gate temperature for A > 0.")
+    tau_neg: float = param(1.05, "Gate temperature for A <= 0 (the paper: > tau_pos).")
+
+    def __post_init__(self) -> None:
+        require(self.tau_pos > 0 and self.tau_neg > 0, "tau_pos and tau_neg must be > 0")
+
+
+@dataclass(frozen=True)
+class VespoParams:
+    k_pos: float = param(2.0, "phi(w) = exp(lambda + k log w - lambda w): k for A >= 0.")
+    lambda_pos: float = param(3.0, "lambda for A >= 0.")
+    k_neg: float = param(3.0, "k for A < 0.")
+    lambda_neg: float = param(2.0, "lambda for A < 0.")
+
+    def __post_init__(self) -> None:
+        require(min(self.k_pos, self.k_neg) >= 0 and min(self.lambda_pos, self.lambda_neg) > 0,
+                "k_pos, k_neg must be >= 0 and lambda_pos, lambda_neg > 0")
+
+
+POLICY_LOSS_PARAMS: dict[str, type] = {"clip": ClipParams, "cispo": CispoParams, "sapo": SapoParams,
+                                       "vespo": VespoParams}

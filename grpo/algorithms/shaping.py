@@ -15,11 +15,13 @@ Rows are ordered group by group (row i * G + g is completion g of prompt i), as 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from grpo.algorithms.advantages import group_normalise, group_stats
+from grpo.algorithms.params import param, require
 
 
 def _check_groups(n: int, group_size: int, name: str) -> None:
@@ -53,6 +55,18 @@ GFPO_METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = 
     "length": lambda rewards, lengths: -lengths.to(torch.float64),   # shorter is better
     "token_efficiency": _token_efficiency,                            # reward per token, higher is better
 }
+
+
+@dataclass(frozen=True)
+class GfpoParams:
+    sample_size: int = param(0, "k: completions sampled per prompt, of which the best rollout.num_generations are "
+                             "kept (k > rollout.num_generations; 0 = off).")
+
+    def __post_init__(self) -> None:
+        require(self.sample_size >= 0, "sample_size must be >= 0")
+
+
+GFPO_METRIC_PARAMS: dict[str, type] = {name: GfpoParams for name in GFPO_METRICS}
 
 
 def gfpo_select(rewards: torch.Tensor, lengths: torch.Tensor, k: int, group_size: int,

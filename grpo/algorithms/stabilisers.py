@@ -29,9 +29,12 @@ the policy term is weighted by w = pi_old / pi_sampler, truncated (TIS) or maske
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from grpo.algorithms.params import NoParams, param, require
 
 # ---------------------------------------------------------------- unbiased KL (k3 x importance ratio)
 
@@ -80,6 +83,23 @@ OFF_POLICY_MEASURES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tenso
 }
 
 
+@dataclass(frozen=True)
+class KlMaskParams:
+    threshold: float | None = param(None, "Completions with A < 0 whose measure to the sampling policy exceeds this "
+                                    "leave the policy term (kl: delta, TRL's off_policy_mask_threshold, e.g. 0.5; "
+                                    "ratio: c > 1); empty = off.")
+
+
+@dataclass(frozen=True)
+class RatioMaskParams(KlMaskParams):
+    def __post_init__(self) -> None:
+        require(self.threshold is None or self.threshold > 1, "threshold must be > 1 (or empty)")
+
+
+#: algorithm.off_policy_mask: the measure (entry) and its threshold; no threshold = no masking (the default).
+OFF_POLICY_MASK_PARAMS: dict[str, type] = {"kl": KlMaskParams, "ratio": RatioMaskParams}
+
+
 def off_policy_sequence_mask(advantages: torch.Tensor, logp: torch.Tensor, sampled: torch.Tensor,
                              mask: torch.Tensor, threshold: float, measure: str = "kl") -> torch.Tensor:
     """DeepSeek-V3.2 eq. 8-9: 0 for the tokens of completions with negative advantage whose
@@ -114,6 +134,19 @@ ROLLOUT_CORRECTIONS: dict[str, tuple[bool, Callable]] = {
     "sequence_truncate": (True, _truncate),     # TIS on the sequence ratio
     "sequence_mask": (True, _mask_out),         # MIS on the sequence ratio (TRL's default mode)
 }
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionParams:
+    min: float | None = param(None, "Lower bound C_min of the weight (empty = none).")
+    max: float | None = param(3.0, "Upper bound C_max of the weight (TRL: 3.0).")
+
+    def __post_init__(self) -> None:
+        require(self.min is None or self.max is None or 0 <= self.min < self.max, "min must be >= 0 and below max")
+
+
+ROLLOUT_CORRECTION_PARAMS: dict[str, type] = {"none": NoParams,
+                                              **{name: RolloutCorrectionParams for name in ROLLOUT_CORRECTIONS}}
 
 
 def rollout_correction_weights(old_logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor, mode: str,

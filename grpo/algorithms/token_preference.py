@@ -22,7 +22,11 @@ lambda and its learning rate are this library's choices (docs/variants.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from grpo.algorithms.params import NoParams, param, require
 
 
 def weighted_token_mean(values: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, total_tokens: float) -> torch.Tensor:
@@ -76,3 +80,16 @@ class TokenPreference(torch.nn.Module):
 
     def metrics(self) -> dict[str, float]:
         return {"lambda_grpo/lambda": float(self.lam.detach())}
+
+
+@dataclass(frozen=True)
+class LambdaParams:
+    init: float = param(0.0, "Initial lambda (0 = DAPO's token mean).")
+    r: float = param(0.5, "The lift r in h = 1 + r z (h is kept >= 1e-3).")
+    lr: float = param(1e-2, "AdamW learning rate of lambda (its own optimizer group, no weight decay).")
+
+    def __post_init__(self) -> None:
+        require(self.lr > 0 and self.r >= 0, "lr must be > 0, r >= 0")
+
+
+TOKEN_PREFERENCE_PARAMS: dict[str, type] = {"none": NoParams, "lambda": LambdaParams}

@@ -332,12 +332,11 @@ def cast_dtype(model: torch.nn.Module, dtype_name: str) -> None:
 
 
 def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[torch.nn.Module, Any]:
-    """The policy (dtype, LoRA, attention kernel and `train.lean_layers` applied; placed by `runtime`) and its tokenizer."""
-    from grpo.modeling.lean_layers import resolve_lean_layers, use_lean_layers
+    """The policy (dtype, LoRA and attention kernel applied; placed by `runtime`, which also applies
+    `train.lean_layers`) and its tokenizer."""
     from grpo.modeling.lora import apply_lora, is_lora
     from grpo.modeling.models import (EMBEDDED_MODEL_DIR, align_special_tokens, disable_dropout, load_policy,
                                       resolve_dtype)
-    from grpo.training.distributed import env_world_size
     from grpo.training.runtime import attn_implementation, set_attn_implementation
 
     mc = cfg.model
@@ -368,7 +367,6 @@ def resolve_model(model: Any, tokenizer: Any, cfg: Config, runtime) -> tuple[tor
         model = apply_lora(model, cfg.lora)
     if cfg.train.disable_dropout:
         disable_dropout(model)
-    model = runtime.place(model)                               # model.cpu_matmul: which linears run through oneDNN
-    use_lean_layers(model, resolve_lean_layers(cfg.train.lean_layers, model, env_world_size()))
+    model = runtime.place(model)        # CPU: which linears run through oneDNN (cpu.cpu_matmul), lean layers (auto)
     return model, tokenizer
 

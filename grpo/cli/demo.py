@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from grpo.cli.plots import plot_curves
 from grpo.config import Config, demo_config, demo_output_dir
 
 # The demo's training settings (every other key keeps its default; see `grpo train --help-config`).
@@ -21,7 +22,8 @@ DEMO_CONFIG: dict[str, dict[str, Any]] = {
     "optim": {"lr": 3e-5, "warmup_steps": 5, "max_grad_norm": 1.0},
     # one CPU thread: for a 0.8M-parameter model, thread hand-offs cost more than they save,
     # and on a shared machine two threads per process thrash
-    "train": {"prompts_per_step": 16, "max_steps": 150, "num_threads": 1},
+    "train": {"prompts_per_step": 16, "max_steps": 150},
+    "cpu": {"num_threads": 1},
 }
 
 
@@ -42,10 +44,26 @@ def start_demo(base: dict[str, Any], out_dir: str | Path, seed: int, steps: int 
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
     cfg = demo_config(base, out, seed, steps, overrides)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    if cfg.cpu.num_threads:
+        torch.set_num_threads(cfg.cpu.num_threads)
     torch.manual_seed(seed)
     return out, cfg
+
+
+def finish_demo(out: Path, results: dict[str, Any], cfg: Config, result: Any, start: float,
+                eval_problems: int) -> dict[str, Any]:
+    """What every demo does last: its summary (`results`, then the steps, wall times since `start`, held-out
+    problems and checkpoint of the training `result`) in summary.json, the run's report (curves, alerts,
+    samples, config), and a line naming the files written. Returns the summary."""
+    from grpo.health.report import write_report
+
+    summary = {**results, "steps": cfg.train.max_steps, "wall_s": round(time.perf_counter() - start, 1),
+               "train_wall_s": round(result.wall_s, 1), "eval_problems": eval_problems,
+               "checkpoint": str(result.checkpoint) if result.checkpoint else None}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    report = write_report([out])
+    print(f"wrote {out / 'summary.json'}, {out / 'metrics.jsonl'}, {out / 'curves.png'}, {report}")
+    return summary
 
 
 def _table(before: dict[str, float], after: dict[str, float]) -> str:
@@ -60,11 +78,9 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     """Before/after evaluation around a GRPO run; returns (and writes) the summary."""
     from grpo.training.evaluate import evaluate
     from grpo.modeling.models import EMBEDDED_MODEL_DIR, load_policy
-    from grpo.cli.plots import plot_curves
     from grpo.rewards import load_reward
     from grpo.data.tasks.arithmetic import DEFAULT_REWARDS, generate
     from grpo.api.trainer import train
-    from grpo.health.report import write_report
 
     start = time.perf_counter()
     out, cfg = start_demo(demo_settings(overrides), out_dir, seed, steps, overrides)
@@ -82,10 +98,4 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, eva
     print(_table(before, after))
 
     plot_curves(metrics_path, out / "curves.png")
-    summary = {"before": before, "after": after, "steps": cfg.train.max_steps,
-               "wall_s": round(time.perf_counter() - start, 1), "train_wall_s": round(result.wall_s, 1),
-               "eval_problems": len(held_out), "checkpoint": str(result.checkpoint) if result.checkpoint else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    report = write_report([out])                                             # curves, alerts, samples, config
-    print(f"wrote {out / 'summary.json'}, {metrics_path}, {out / 'curves.png'}, {report}")
-    return summary
+    return finish_demo(out, {"before": before, "after": after}, cfg, result, start, len(held_out))

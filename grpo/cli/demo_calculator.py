@@ -7,12 +7,12 @@ both ways again. Writes DIR/summary.json, DIR/metrics.jsonl, DIR/curves.png and 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from grpo.cli.demo import start_demo
+from grpo.cli.demo import finish_demo, start_demo
+from grpo.cli.plots import plot_curves
 from grpo.envs import ToolEnv
 
 CALCULATOR_CONFIG: dict[str, dict[str, Any]] = {
@@ -21,7 +21,8 @@ CALCULATOR_CONFIG: dict[str, dict[str, Any]] = {
                 "tool_parser": "call", "max_turns": 2},
     "algorithm": {"beta": 0.04, "epsilon": 0.2},
     "optim": {"lr": 1e-4, "warmup_steps": 5, "max_grad_norm": 1.0},
-    "train": {"prompts_per_step": 16, "max_steps": 100, "num_threads": 1},
+    "train": {"prompts_per_step": 16, "max_steps": 100},
+    "cpu": {"num_threads": 1},
 }
 
 
@@ -52,10 +53,8 @@ def run_calculator_demo(out_dir: str | Path = "runs/demo-calculator", *, steps: 
                         eval_problems: int = 256, seed: int = 0, overrides: dict[str, Any] | None = None) -> dict:
     """Before/after evaluation (with and without the tool) around a multi-turn GRPO run; returns the summary."""
     from grpo.api.trainer import Trainer
-    from grpo.cli.plots import plot_curves
     from grpo.data.tasks import calculator
     from grpo.envs import load_env
-    from grpo.health.report import write_report
     from grpo.modeling.models import CALCULATOR_MODEL_DIR, load_policy
     from grpo.rewards import load_reward
     from grpo.training.episode_eval import evaluate_episodes
@@ -82,11 +81,5 @@ def run_calculator_demo(out_dir: str | Path = "runs/demo-calculator", *, steps: 
             "after GRPO, calculator": after, "after GRPO, no tool": after_no_tools}
     print(_table(rows))
     plot_curves(out / "metrics.jsonl", out / "curves.png", panels=AGENT_PANELS)
-    summary = {"before": before, "before_no_tools": before_no_tools, "after": after, "after_no_tools": after_no_tools,
-               "steps": cfg.train.max_steps, "wall_s": round(time.perf_counter() - start, 1),
-               "train_wall_s": round(result.wall_s, 1), "eval_problems": len(held_out),
-               "checkpoint": str(result.checkpoint) if result.checkpoint else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    report = write_report([out])
-    print(f"wrote {out / 'summary.json'}, {out / 'metrics.jsonl'}, {out / 'curves.png'}, {report}")
-    return summary
+    return finish_demo(out, {"before": before, "before_no_tools": before_no_tools, "after": after,
+                              "after_no_tools": after_no_tools}, cfg, result, start, len(held_out))

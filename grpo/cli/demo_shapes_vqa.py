@@ -9,12 +9,12 @@ Writes DIR/summary.json, DIR/metrics.jsonl, DIR/curves.png and DIR/report.html.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from grpo.cli.demo import start_demo
+from grpo.cli.demo import finish_demo, start_demo
+from grpo.cli.plots import plot_curves
 
 #: The cold-start policy of the demo (grpo/assets/shapes-vqa-sft/README.md).
 SHAPES_VQA_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "shapes-vqa-sft"
@@ -25,7 +25,8 @@ SHAPES_VQA_CONFIG: dict[str, dict[str, Any]] = {
     "algorithm": {"beta": 0.0, "epsilon": 0.2},
     "optim": {"lr": 3e-4, "warmup_steps": 5, "max_grad_norm": 1.0},
     "reward": {"functions": ["exact_match", "format"], "weights": [1.0, 0.25]},
-    "train": {"prompts_per_step": 16, "max_steps": 100, "num_threads": 1},
+    "train": {"prompts_per_step": 16, "max_steps": 100},
+    "cpu": {"num_threads": 1},
     "log": {"progress_bar": False},
 }
 
@@ -54,9 +55,7 @@ def run_shapes_vqa_demo(out_dir: str | Path = "runs/demo-shapes-vqa", *, steps: 
                         train_rows: int = 2000, model_dir: str | Path = SHAPES_VQA_MODEL_DIR) -> dict:
     """Before/after held-out VQA accuracy (greedy) around a GRPO run on images; returns the summary."""
     from grpo.api.trainer import Trainer
-    from grpo.cli.plots import plot_curves
     from grpo.data.tasks import shapes_vqa
-    from grpo.health.report import write_report
     from grpo.modeling.vlm import load_vlm, vision_rows
     from grpo.training.vlm_sft import evaluate
 
@@ -78,11 +77,5 @@ def run_shapes_vqa_demo(out_dir: str | Path = "runs/demo-shapes-vqa", *, steps: 
     after = evaluate(result.model, tokenizer, held_out)
     print(_table(before, after))
     plot_curves(out / "metrics.jsonl", out / "curves.png", panels=VQA_PANELS)
-    summary = {"before": before, "after": after, "gain": after["accuracy"] - before["accuracy"],
-               "steps": cfg.train.max_steps, "wall_s": round(time.perf_counter() - start, 1),
-               "train_wall_s": round(result.wall_s, 1), "eval_problems": len(held_out),
-               "checkpoint": str(result.checkpoint) if result.checkpoint else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    report = write_report([out])
-    print(f"wrote {out / 'summary.json'}, {out / 'metrics.jsonl'}, {out / 'curves.png'}, {report}")
-    return summary
+    return finish_demo(out, {"before": before, "after": after, "gain": after["accuracy"] - before["accuracy"]},
+                       cfg, result, start, len(held_out))

@@ -72,7 +72,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.rewards import load_file_reward
     from grpo.state.model_files import load_checkpoint
     from grpo.training.runtime import on_device
-    from grpo.training.evaluate import evaluate, evaluate_samples
+    from grpo.training.evaluate import PassAtK, evaluate
 
     from grpo.cli.outputs import check_out_dir
     from grpo.data.tasks import task_module
@@ -107,16 +107,15 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         rows = rows[:args.problems] if args.problems > 0 else rows
     else:
         rows = task.generate("test", args.problems, seed=args.seed)
-    if args.samples == 1 and not args.maj and not args.out:
-        scores = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, seed=args.seed)
-        for name, value in scores.items():
+    per_problem = args.samples > 1 or args.maj or args.out     # pass@k, maj@k, samples.jsonl: one record per row
+    result = evaluate(model, tokenizer, rows, rewards, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, seed=args.seed, num_samples=args.samples,
+                      summary=PassAtK(args.samples, ks, args.maj, args.threshold, extract) if per_problem else None)
+    if not per_problem:
+        for name, value in result.items():
             print(f"{name:20s} {value:.4f}")
         return 0
-    summary, records = evaluate_samples(model, tokenizer, rows, rewards, num_samples=args.samples, ks=ks,
-                                        maj=args.maj, threshold=args.threshold, extract=extract,
-                                        max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                        seed=args.seed)
+    summary, records = result
     for name, value in summary.items():
         print(f"{name:20s} {value:.4f}" if isinstance(value, float) else f"{name:20s} {value}")
     if args.out:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from grpo.cli.common import parse_overrides, resume_command
+from grpo.config import build_config, load_yaml
+
 FLOW_EPILOG = """\
 Config keys as in `grpo train`: --config FILE, --section.key VALUE (the flow section: flow.noise_level,
 flow.train_steps, flow.eval_steps, flow.variant, flow.beta, flow.guidance_scale, ...; `grpo train
@@ -39,8 +42,6 @@ def add_parser(sub) -> None:
 def cmd_flow_train(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
 
-    from grpo.cli.main import parse_overrides, resume_command
-    from grpo.config import build_config, load_yaml
     from grpo.flow.loop import run_flow
 
     overrides = parse_overrides(extra)
@@ -49,8 +50,8 @@ def cmd_flow_train(args: argparse.Namespace, extra: list[str]) -> int:
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
     cfg = build_config(load_yaml(args.config) if args.config else {}, overrides)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    if cfg.cpu.num_threads:
+        torch.set_num_threads(cfg.cpu.num_threads)
     result = run_flow(cfg)
     if result.stopped_by:
         print(f"grpo: stopped by {result.stopped_by} after step {result.steps} of {cfg.train.max_steps}; checkpoint: "
@@ -62,7 +63,6 @@ def cmd_flow_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_flow_demo(args: argparse.Namespace, extra: list[str]) -> int:
-    from grpo.cli.main import parse_overrides
     from grpo.flow.demo import run_flow_demo
 
     run_flow_demo(args.out, steps=args.steps, seed=args.seed, overrides=parse_overrides(extra))

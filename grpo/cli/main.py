@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
-import traceback
-from typing import Any
 
-import yaml
-
+from grpo.cli.common import FLAG_KEYS, Parser, parse_overrides, resolve_given, run_guarded, run_training
 from grpo.cli.evaluation import add_parser as add_eval_parser
 from grpo.cli.flow import add_parser as add_flow_parser
 from grpo.cli.help_texts import add_rewards_help, preset_names
@@ -19,12 +15,7 @@ from grpo.cli.report import add_parser as add_report_parser
 from grpo.cli.reward_model import add_parser as add_reward_model_parser
 from grpo.cli.sample import add_parser as add_sample_parser
 from grpo.cli.vllm_serve import add_parser as add_vllm_serve_parser
-from grpo.config import ConfigError, field_help, load_yaml
-
-# Common options with flags of their own, and the config key each one sets.
-FLAG_KEYS = {"model": "model.path", "dataset": "data.dataset", "output_dir": "train.output_dir",
-             "max_steps": "train.max_steps", "seed": "train.seed", "algorithm": "algorithm.preset",
-             "resume": "train.resume"}
+from grpo.config import field_help
 
 TRAIN_EPILOG = """\
 Any config key can be set as --section.key VALUE (VALUE is read as YAML: 0.1, true, [a, b]).
@@ -60,69 +51,6 @@ Weights and other reward/data keys come from --config and --section.key VALUE op
 """
 
 
-def parse_overrides(tokens: list[str], trl: bool = False) -> dict[str, Any]:
-    """['--a.b', '1', '--c.d=x'] -> {'a.b': 1, 'c.d': 'x'}; anything else is an error. With `trl`, TRL
-    GRPOConfig names are taken too (`--learning_rate 1e-6`, `--num-generations 8`; a bare `--use_peft` is
-    true, `--no_shuffle_dataset` false; a list key takes several values: `--reward_funcs a b`), under their
-    TRL name, for grpo.config.trl to map; their values are checked here (errors name the flag as written)."""
-    from grpo.config.trl import TRL_KEYS, is_trl_key, is_trl_name
-    from grpo.config.trl_values import BOOL_KEYS, LIST_KEYS, NEGATABLE, STR_KEYS, check_value
-
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        key, eq, value = tok[2:].partition("=")
-        name = key.replace("-", "_")
-        negated = name.startswith("no_") and name[3:] in NEGATABLE and not eq
-        is_trl = tok.startswith("--") and "." not in key and (is_trl_key(name) or negated)
-        if is_trl and trl:
-            flag, key = tok.partition("=")[0], name
-            following = []
-            while not eq and i + 1 + len(following) < len(tokens) and not tokens[i + 1 + len(following)].startswith("--"):
-                following.append(tokens[i + 1 + len(following)])
-                if name not in LIST_KEYS:
-                    break                                          # one value; a list key takes them all (nargs +)
-            i += len(following)
-            if negated:
-                if following:
-                    raise ConfigError(f"TRL flag {flag} takes no value, got '{following[0]}'")
-                key, parsed = name[3:], False
-            elif not eq and not following:
-                if name not in BOOL_KEYS:
-                    raise ConfigError(f"TRL flag {flag} needs a value")
-                parsed = True                                      # a bare TRL flag: --use_peft, --bf16
-            else:
-                texts = following or [value]
-                raw = name in STR_KEYS or (LIST_KEYS.get(name) is str and not texts[0].startswith("["))
-                parsed = [t if raw else _yaml_value(t) for t in texts]       # a run name "yes" stays "yes"
-                parsed = parsed[0] if len(parsed) == 1 else parsed
-            out[key] = check_value(key, parsed, f"TRL flag {flag}")
-            i += 1
-            continue
-        if not tok.startswith("--") or "." not in tok:
-            hint = f"; TRL's {name} is --{TRL_KEYS[name][0]} here" if is_trl and name in TRL_KEYS else ""
-            if tok.startswith("--") and not hint and is_trl_name(name):    # eval_on_start, fsdp_config, ...
-                raise ConfigError(f"unrecognised argument '{tok}': '{name}' is a TRL / transformers TrainingArguments "
-                                  "key grpo does not map (docs/migrating-from-trl.md lists the mapped keys)")
-            raise ConfigError(f"unrecognised argument '{tok}' (config keys are given as --section.key VALUE{hint})")
-        if not eq:
-            if i + 1 >= len(tokens):
-                raise ConfigError(f"config key '{key}' needs a value")
-            value, i = tokens[i + 1], i + 1
-        out[key] = _yaml_value(value)
-        i += 1
-    return out
-
-
-def _yaml_value(text: str) -> Any:
-    """A command-line value read as YAML (an empty one is None; unparsable YAML is the text itself)."""
-    try:
-        return yaml.safe_load(text) if text != "" else None
-    except yaml.YAMLError:
-        return text
-
-
 def config_from_args(args: argparse.Namespace, extra: list[str]):
     """grpo train's config: the --config file (sections, and TRL GRPOConfig keys at its top level), the TRL
     names given as flags, then --section.key options, then the named flags. A section.key always wins over
@@ -133,78 +61,13 @@ def config_from_args(args: argparse.Namespace, extra: list[str]):
     return resolve_given(args.config, extra, flags, world_size=int(os.environ.get("WORLD_SIZE", "1")))
 
 
-def resolve_given(config: str | None, extra: list[str], flags: dict[str, Any], world_size: int = 1):
-    """The Config of --config FILE, the extra options and a command's own `flags` (`section.key`, last); an error
-    of the TRL keys mapped together names the file (and the TRL flags when some were given)."""
-    from grpo.api.inputs import resolve_config
-
-    given, overrides = read_given(config, extra)
-    try:
-        return resolve_config(given, {**overrides, **flags}, world_size=world_size)
-    except ConfigError as e:
-        if not config or not str(e).startswith("TRL key"):
-            raise
-        trl_flags = any(t.startswith("--") and "." not in t.partition("=")[0] for t in extra)
-        raise ConfigError(f"{config}{' with the TRL flags' if trl_flags else ''}: {e}") from None
-
-
-def read_given(config: str | None, extra: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """--config FILE's keys (its TRL keys known and their values checked: errors name the file) and the extra
-    options (TRL flags too), flags over the file, as (sections and TRL keys, `section.key` overrides)."""
-    from grpo.api.inputs import split_keys
-    from grpo.config.trl import check_known
-    from grpo.config.trl_values import check_values
-
-    given = load_yaml(config) if config else {}
-    trl_keys = split_keys(given)[2]
-    try:
-        check_known(trl_keys)
-        given.update(check_values(trl_keys))
-    except ConfigError as e:
-        raise ConfigError(f"{config}: {e}") from None
-    given.update(parse_overrides(extra, trl=True))
-    return given, {k: given.pop(k) for k in [k for k in given if "." in k]}
-
-
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         for key, default, help_text in field_help():
             shown = repr(default) if isinstance(default, str) and not default.isprintable() else str(default)
             print(f"{key:34s} {shown:22s} {help_text}")
         return 0
-    cfg = config_from_args(args, extra)
-    from transformers.utils import logging as hf_logging
-
-    from grpo.api.trainer import Trainer
-
-    hf_logging.disable_progress_bar()   # per-checkpoint load/save bars would bury the run's own lines
-    result = Trainer(config=cfg).train()                      # the Python API: one path for both
-    if result.stopped_by:
-        print(f"grpo: stopped by {result.stopped_by} after step {result.steps} of {cfg.train.max_steps}; "
-              f"checkpoint: {result.checkpoint or 'none'}\nresume with: {resume_command(args.argv)}", file=sys.stderr)
-        return 128 + result.signum
-    if os.environ.get("RANK", "0") != "0":                     # torchrun: rank 0 reports for the run
-        return 0
-    print(f"done: {result.steps} steps in {result.wall_s:.0f}s; metrics in {result.output_dir / cfg.log.metrics_file}"
-          + (f"; policy saved to {result.checkpoint}" if result.checkpoint else ""))
-    return 0
-
-
-def resume_command(argv: list[str]) -> str:
-    """The command line that continues a stopped run: `argv` with its resume options replaced by --resume."""
-    kept, skip = [], False
-    for i, tok in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if tok in ("--resume", "--train.resume"):
-            following = argv[i + 1] if i + 1 < len(argv) else "--"
-            skip = tok == "--train.resume" or not following.startswith("--")
-            continue
-        if tok.startswith(("--resume=", "--train.resume=")):
-            continue
-        kept.append(tok)
-    return shlex.join(["grpo", *kept, "--resume"])
+    return run_training(config_from_args(args, extra), args.argv)      # the Python API: one path for both
 
 
 #: `grpo demo --task NAME` -> (module, function, default output directory).
@@ -250,13 +113,6 @@ def cmd_sft(args: argparse.Namespace, extra: list[str]) -> int:
     from grpo.cli.sft import cmd_sft as run
 
     return run(args, extra)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block), exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -343,24 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv)
     if args.command in ("eval", "export", "sample", "reward-model", "pipeline", "report") and extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
-    from grpo.modeling.vml_warmup import warm_vml
-    from grpo.rollout.engine import EngineUnavailable
-    from grpo.training.guards import TrainingError
+    from grpo.training.cpu_runtime import warm_vml
 
-    warm_vml()        # every command: eval and sample run the model without a runtime (grpo/modeling/vml_warmup.py)
-    try:
-        return args.func(args, extra)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (ConfigError, ValueError, FileNotFoundError, OSError, TrainingError, EngineUnavailable) as e:
-        if args.debug:
-            traceback.print_exc()
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message on one line (multi-line library messages joined)."""
-    text = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
-    return text or type(e).__name__
+    warm_vml()        # every command: eval and sample run the model without a runtime (grpo/cpu/vml_warmup.py)
+    return run_guarded(lambda: args.func(args, extra), debug=args.debug)

@@ -1,5 +1,6 @@
-"""`grpo pipeline recipe.yaml`: stages run in order, each an entry point of this CLI, later stages using
-earlier outputs (``${stage.output}``); resumable stage by stage.
+"""`grpo pipeline recipe.yaml`: stages run in order, each a command of this CLI run in this process through its
+Python function (grpo/cli/stages.py), later stages using earlier outputs (``${stage.output}``); resumable stage by
+stage.
 
     output_dir: runs/r1                     # stage outputs go to output_dir/<name>
     stages:
@@ -39,6 +40,12 @@ from typing import Any
 
 import yaml
 
+from grpo.cli.common import run_guarded
+from grpo.cli.recipes import LOCAL_KINDS, PRESETS
+from grpo.cli.stages import run_stage
+from grpo.config import ConfigError, load_yaml
+from grpo.config.names import did_you_mean
+
 COMMANDS = {"sft": "sft", "grpo": "train", "sample": "sample", "eval": "eval", "reward_model": "reward-model"}
 KINDS = (*COMMANDS, "task_data", "merge")
 OUTPUT_FLAG = {"sft": "--output-dir", "grpo": "--output-dir", "sample": "--out", "eval": "--out",
@@ -65,16 +72,11 @@ def add_parser(sub) -> None:
 
 def load_recipe(path: Path) -> tuple[Path, list[dict[str, Any]]]:
     """(output_dir, stages) of a recipe file, checked (:func:`check_recipe`)."""
-    from grpo.config import load_yaml
-
     return check_recipe(load_yaml(path), str(path))
 
 
 def check_recipe(recipe: dict[str, Any], path: str) -> tuple[Path, list[dict[str, Any]]]:
     """(output_dir, stages) of a recipe, checked: names unique, kinds known, references to earlier stages only."""
-    from grpo.config import ConfigError
-    from grpo.config.build import did_you_mean
-
     if not isinstance(recipe, dict):
         raise ConfigError(f"{path}: a recipe is a mapping with {' and '.join(RECIPE_KEYS)}")
     for key in recipe:
@@ -148,9 +150,6 @@ def fill(value: Any, outputs: dict[str, str]) -> Any:
 
 def the_recipe(args: argparse.Namespace) -> tuple[Path, list[dict[str, Any]], dict[str, Any]]:
     """(output_dir, stages, recipe) from the recipe file or --preset, --out applied."""
-    from grpo.cli.recipes import PRESETS
-    from grpo.config import ConfigError, load_yaml
-
     if bool(args.recipe) == bool(args.preset):
         raise ConfigError("grpo pipeline: give a recipe file or --preset NAME (one of them)")
     if args.preset:
@@ -165,9 +164,6 @@ def the_recipe(args: argparse.Namespace) -> tuple[Path, list[dict[str, Any]], di
 
 
 def cmd_pipeline(args: argparse.Namespace, extra: list[str]) -> int:
-    from grpo.cli.main import main
-    from grpo.cli.recipes import LOCAL_KINDS
-
     out, stages, recipe = the_recipe(args)
     if args.print_recipe:
         print(yaml.safe_dump(recipe, sort_keys=False), end="")
@@ -199,7 +195,8 @@ def cmd_pipeline(args: argparse.Namespace, extra: list[str]) -> int:
         status["stages"][name] = {"kind": kind, "status": "running", "argv": argv, "spec": spec(stage)}
         status_file.write_text(json.dumps(status, indent=1))
         print(f"pipeline: stage {name} ({kind}){' resumed' if resuming else ''}: grpo {' '.join(argv)}", flush=True)
-        code = main(argv)
+        code = run_guarded(lambda: run_stage(kind, fill(stage.get("args") or {}, outputs), target, resuming, argv),
+                           debug=getattr(args, "debug", False))
         if code != 0:
             print(f"pipeline: stage {name} failed (exit {code}); rerun the pipeline to resume it", flush=True)
             return code

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo.config import ConfigError
+from grpo.data.tasks import TASKS
+
 DOMAINS = ("arithmetic", "strings")
 
 
@@ -49,7 +52,7 @@ def r1_recipe(output_dir: str, size: str = "full") -> dict[str, Any]:
     if size not in SIZES:
         raise ValueError(f"--size must be one of {' | '.join(SIZES)}, got {size!r}")
     z = SIZES[size]
-    quiet = {"log.progress_bar": False, "train.num_threads": 1}
+    quiet = {"log.progress_bar": False, "cpu.num_threads": 1}
     sft = {"optim.lr": 2e-3, "optim.warmup_steps": 10, "train.micro_batch_size": 64, **quiet}
     grpo = {"rollout.num_generations": 8, "rollout.max_new_tokens": 40, "train.prompts_per_step": 16,
             "optim.lr": 3e-5, "optim.warmup_steps": 5, "algorithm.beta": 0.04, **quiet}
@@ -97,9 +100,6 @@ PRESETS = {"r1": r1_recipe}
 def write_task_data(args: dict[str, Any], out: Path) -> None:
     """`task_data` stage: `rows` SFT demonstrations of embedded task `task` (`worked_fraction` of them
     worked, the rest direct; `seed`) as JSONL rows prompt / completion / answer."""
-    from grpo.config import ConfigError
-    from grpo.data.tasks import TASKS
-
     unknown = set(args) - {"task", "rows", "worked_fraction", "seed"}
     if unknown or args.get("task") not in TASKS:
         raise ConfigError(f"task_data args: task ({' | '.join(TASKS)}), rows, worked_fraction, seed; got "
@@ -116,8 +116,6 @@ def merge_files(args: dict[str, Any], out: Path) -> None:
     """`merge` stage: the rows of every file of `inputs`, shuffled with `seed` (default 0; `shuffle: false`
     keeps the order), keeping the columns of `columns`: sft (prompt, completion, answer; the default),
     prompts (prompt, answer: a GRPO prompt set) or all."""
-    from grpo.config import ConfigError
-
     inputs = args.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise ConfigError("merge args: 'inputs' must be a non-empty list of JSONL files")

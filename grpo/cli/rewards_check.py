@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from grpo.cli.common import resolve_given
 from grpo.config import Config
 from grpo.data.datasets_io import DataError, read_dataset, scan_jsonl
 from grpo.rewards import RewardError, load_reward, score
@@ -41,8 +42,6 @@ def check_config(config: str | None, rewards: list[str] | None, dataset: str | N
                  extra: list[str]) -> Config:
     """The config the check uses, read as `grpo train` reads it (a `trl grpo` recipe too): defaults < --config
     < TRL names < --section.key < the command's own flags."""
-    from grpo.cli.main import resolve_given
-
     flags = {"reward.functions": rewards, "data.dataset": dataset, "reward.reward_errors": reward_errors}
     return resolve_given(config, extra, {k: v for k, v in flags.items() if v is not None})
 

@@ -5,20 +5,29 @@ key listings that `--help-config` and the unknown-key error print."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import types
 import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from grpo.config.checks import validate
+from grpo.config.coerce import coerce
+from grpo.config.names import did_you_mean
+from grpo.config.presets import preset_values
 from grpo.config.schema import SECTIONS, Config, ConfigError
+from grpo.config.trl import TRL_KEYS
+from grpo.config.trl_vllm import VLLM_ROLLOUT_CORRECTION
+from grpo.config.aliases import rename
+from grpo.config.variants import (FLAT_ALIASES, Variant, merge, named, names_first, parameter_rows, put_alias,
+                                  variant_table)
 
 
 def _sub_config(cls: type, name: str) -> type | None:
     """The dataclass type of field `name` of `cls` when it is a nested group of keys (else None)."""
+    if variant_table(cls, name) is not None:     # a registry entry with its parameters (grpo/config/variants.py)
+        return None
     hint = typing.get_type_hints(cls).get(name)
     return hint if dataclasses.is_dataclass(hint) else None
 
@@ -26,8 +35,9 @@ def _sub_config(cls: type, name: str) -> type | None:
 def _keys(prefix: str, cls: type) -> list[str]:
     out = []
     for f in dataclasses.fields(cls):
-        sub = _sub_config(cls, f.name)
+        sub, table = _sub_config(cls, f.name), f.metadata.get("variant")
         out += _keys(f"{prefix}.{f.name}", sub) if sub else [f"{prefix}.{f.name}"]
+        out += [key for key, _, _ in parameter_rows(f"{prefix}.{f.name}", table)] if table else []
     return out
 
 
@@ -49,81 +59,11 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
                 raise ConfigError(f"config key '{where}.{key}' expects a mapping of "
                                   f"{', '.join(f.name for f in dataclasses.fields(sub))}, got {value!r}")
             kwargs[key] = _build(sub, value, f"{where}.{key}")
+        elif variant_table(cls, key) is not None:
+            kwargs[key] = value                   # checked against its registry entry by the dataclass itself
         else:
-            kwargs[key] = _coerce(f"{where}.{key}", value, fields[key].type)
+            kwargs[key] = coerce(f"{where}.{key}", value, fields[key].type)
     return cls(**kwargs)
-
-
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
-    """Check/convert one value against a field annotation; raise ConfigError naming the key."""
-    hint = eval(annotation, vars(typing) | {"types": types}) if isinstance(annotation, str) else annotation  # noqa: S307
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"config key '{key}' may not be empty")
-    if optional:
-        hint = next(a for a in args if a is not type(None))
-    origin = typing.get_origin(hint)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        return [_coerce(key, v, item) for v in value]
-    if origin is dict:
-        key_type, value_type = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
-        return {_coerce(key, k, key_type): _coerce(key, v, value_type) for k, v in value.items()}
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"config key '{key}' expects true/false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"config key '{key}' expects an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):     # inf / nan pass every range check and end in NaN weights
-                raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
-            return float(value)
-        raise ConfigError(f"config key '{key}' expects a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"config key '{key}' expects a string, got {value!r}")
-    return value
-
-
-def close_names(name: str, candidates: list[str], n: int = 3) -> list[str]:
-    """The candidates most like `name`, best first: the same last part under another section ('train.lr' ->
-    'optim.lr'; shallower keys first), then a near spelling of the last part among its siblings, or of the
-    whole name (or a name it abbreviates) when its section is unknown too."""
-    section, _, leaf = name.rpartition(".")
-    leaf_of = {c: c.rpartition(".")[2] for c in candidates}
-    same_leaf = sorted((c for c in candidates if leaf_of[c] == leaf), key=lambda c: c.count("."))
-    siblings = {leaf_of[c]: c for c in candidates if c.rpartition(".")[0] == section}
-    if section and siblings:
-        near = [siblings[m] for m in difflib.get_close_matches(leaf, list(siblings), n=n, cutoff=0.6)]
-    else:                                    # a near spelling, or an abbreviation ('algo' -> 'algorithm')
-        near = difflib.get_close_matches(name, candidates, n=n, cutoff=0.75)
-        near += [c for c in candidates if len(name) >= 3 and c.startswith(name)]
-    return list(dict.fromkeys(same_leaf + near))[:n]
-
-
-def did_you_mean(name: str, candidates: list[str]) -> str:
-    """The hint ` (did you mean 'x' or 'y'?)` for the closest candidates ('' when none is close)."""
-    close = close_names(name, candidates)
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def _unknown(key: str) -> ConfigError:
@@ -134,22 +74,25 @@ def _unknown(key: str) -> ConfigError:
         listing = f"keys of section {section}: {', '.join(k for k in keys if k.startswith(section + '.'))}"
     else:
         listing = f"sections: {', '.join(SECTIONS)} (`grpo train --help-config` lists every key)"
-    from grpo.config.trl import TRL_KEYS                    # a TRL name under a section: 'optim.learning_rate'
-
     leaf = key.rpartition(".")[2]
     hint = did_you_mean(key, keys if "." in key else list(SECTIONS))
-    if leaf in TRL_KEYS and not hint:
+    if leaf in TRL_KEYS and not hint:                    # a TRL name under a section: 'optim.learning_rate'
         hint = f" (did you mean '{TRL_KEYS[leaf][0]}', TRL's {leaf}?)"
     return ConfigError(f"unknown config key '{key}'{hint}; {listing}")
 
 
 def _put(merged: dict[str, dict[str, Any]], dotted: str, value: Any) -> None:
-    """Set `section.key` (or `section.group.key`: one key of a nested group) in `merged`."""
-    section, _, key = dotted.partition(".")
+    """Set `section.key` (or `section.group.key`: one key of a nested group, or a parameter of a variant) in
+    `merged`; a renamed key under its new name (grpo/config/aliases.py)."""
+    section, _, key = rename(dotted).partition(".")
     if section not in SECTIONS or not key:
         raise _unknown(dotted)
     target, *path = key.split(".")
-    if path:
+    if section == "algorithm" and key in FLAT_ALIASES:      # algorithm.sapo_tau_pos -> policy_loss.tau_pos
+        put_alias(merged[section], key, value)
+    elif variant_table(SECTIONS[section], target) is not None:
+        merged[section][target] = merge(f"{section}.{target}", merged[section].get(target), path, value)
+    elif path:
         group = merged[section].setdefault(target, {})
         if not isinstance(group, dict) or _sub_config(SECTIONS[section], target) is None:
             raise _unknown(dotted)
@@ -165,11 +108,8 @@ def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any]
     algo_section = (nested or {}).get("algorithm")
     preset = (overrides or {}).get("algorithm.preset") or (algo_section.get("preset") if isinstance(algo_section, dict) else None)
     if preset:  # the lowest layer: the YAML file and the overrides below replace any of its values
-        from grpo.config.presets import preset_values
-
         for dotted, value in preset_values(str(preset)).items():
-            section, _, key = dotted.partition(".")
-            merged[section][key] = value
+            _put(merged, dotted, value)
     for section, values in (nested or {}).items():
         if section not in SECTIONS:
             raise _unknown(str(section))
@@ -180,17 +120,13 @@ def build_config(nested: dict[str, Any] | None = None, overrides: dict[str, Any]
                 for sub, v in ({key: value} if "." in str(key) else {f"{key}.{k}": v for k, v in value.items()}).items():
                     _put(merged, f"{section}.{sub}", v)
             else:
-                merged[section][key] = value
-    for dotted, value in (overrides or {}).items():
+                _put(merged, f"{section}.{key}", value)
+    for dotted, value in names_first(overrides or {}).items():      # a variant's entry before its parameters
         _put(merged, dotted, value)
-    if merged["rollout"].get("engine") == "vllm" and "rollout_correction" not in merged["algorithm"]:
-        from grpo.config.trl_vllm import VLLM_ROLLOUT_CORRECTION   # TRL corrects vLLM's samples unless told not to
-
-        merged["algorithm"]["rollout_correction"] = VLLM_ROLLOUT_CORRECTION
+    if merged["rollout"].get("engine") == "vllm" and not named(merged["algorithm"], "rollout_correction"):
+        _put(merged, "algorithm.rollout_correction.name", VLLM_ROLLOUT_CORRECTION)   # TRL corrects vLLM's samples unless told not to
     cfg = Config(**{section: _build(cls, merged[section], section) for section, cls in SECTIONS.items()})
-    from grpo.config.checks import validate   # the cross-field rules live beside the schema
-
-    validate(cfg)
+    validate(cfg)                             # the cross-field rules (grpo/config/checks.py)
     return cfg
 
 
@@ -254,8 +190,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    """The config as a nested plain dict (for YAML/JSON dumps)."""
-    return dataclasses.asdict(cfg)
+    """The config as a nested plain dict (for YAML/JSON dumps); a variant as {name, its parameters}."""
+    out = dataclasses.asdict(cfg)
+    for section in SECTIONS:
+        for key, value in vars(getattr(cfg, section)).items():
+            if isinstance(value, Variant):
+                out[section][key] = value.as_dict()
+    return out
 
 
 def field_help() -> list[tuple[str, Any, str]]:
@@ -268,7 +209,10 @@ def field_help() -> list[tuple[str, Any, str]]:
             if sub is not None:
                 walk(f"{prefix}.{f.name}", sub, getattr(default, f.name))
             else:
-                rows.append((f"{prefix}.{f.name}", getattr(default, f.name), f.metadata.get("help", "")))
+                value = getattr(default, f.name)
+                rows.append((f"{prefix}.{f.name}", str(value) if isinstance(value, Variant) else value,
+                             f.metadata.get("help", "")))
+                rows.extend(parameter_rows(f"{prefix}.{f.name}", f.metadata["variant"]) if "variant" in f.metadata else [])
 
     default = Config()
     for section, cls in SECTIONS.items():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import os
 
-from grpo.config import Config, ConfigError
 from grpo.config.engine import ENGINE_NAMES
+from grpo.config.schema import ROLLOUT_PRECISIONS, Config, ConfigError
 
 #: `log.report_to` names -> the package each needs (grpo.state.tracking holds their writers).
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
@@ -48,15 +48,9 @@ LOCK_FILE = ".grpo.lock"
 
 def validate(cfg: Config) -> None:
     """Reject settings that cannot work, with a message naming the key."""
-    from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS, REWARD_COMBINERS, REWARD_SCALES
+    from grpo.algorithms.advantages import REWARD_COMBINERS
     from grpo.algorithms.loss import AGGREGATIONS, IMPORTANCE_RATIOS, KL_ESTIMATORS
-    from grpo.algorithms.policy_losses import POLICY_LOSSES
-    from grpo.algorithms.entropy_control import ENTROPY_CONTROLS
-    from grpo.algorithms.shaping import GFPO_METRICS
-    from grpo.algorithms.stabilisers import KL_CORRECTION_LOG_RATIOS, OFF_POLICY_MEASURES, ROLLOUT_CORRECTIONS
-    from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES
-    from grpo.algorithms.lead import DIFFICULTY_WEIGHTINGS
-    from grpo.config.schema import ROLLOUT_PRECISIONS
+    from grpo.algorithms.stabilisers import KL_CORRECTION_LOG_RATIOS
 
     tracking = report_to_problem(cfg.log.report_to)       # unknown tracker or its package missing
     metrics_file = metrics_file_problem(cfg.log.metrics_file)
@@ -74,7 +68,6 @@ def validate(cfg: Config) -> None:
         (cfg.algorithm.epsilon >= 0, "algorithm.epsilon must be >= 0"),
         (cfg.algorithm.epsilon_high is None or cfg.algorithm.epsilon_high >= 0, "algorithm.epsilon_high must be >= 0"),
         (cfg.algorithm.beta >= 0, "algorithm.beta must be >= 0"),
-        (cfg.algorithm.advantage_eps >= 0, "algorithm.advantage_eps must be >= 0"),
         (cfg.algorithm.num_iterations >= 1, "algorithm.num_iterations must be >= 1"),
         (cfg.algorithm.mini_batches >= 1, "algorithm.mini_batches must be >= 1"),
         (cfg.algorithm.mini_batches == 1      # (the world size alone: grpo/training/distributed.py says so)
@@ -82,76 +75,34 @@ def validate(cfg: Config) -> None:
          f"train.prompts_per_step ({cfg.train.prompts_per_step}) must split into algorithm.mini_batches "
          f"({cfg.algorithm.mini_batches}) equal parts on each of the {os.environ.get('WORLD_SIZE', '1')} processes"),
         (cfg.algorithm.loss_norm_length >= 0, "algorithm.loss_norm_length must be >= 0"),
-        (cfg.algorithm.advantage_estimator in ADVANTAGE_ESTIMATORS,
-         f"algorithm.advantage_estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)}"),
         (cfg.algorithm.kl_estimator in KL_ESTIMATORS, f"algorithm.kl_estimator must be one of {sorted(KL_ESTIMATORS)}"),
         (cfg.algorithm.loss_agg_mode in AGGREGATIONS, f"algorithm.loss_agg_mode must be one of {sorted(AGGREGATIONS)}"),
-        (cfg.algorithm.scale_rewards in REWARD_SCALES, f"algorithm.scale_rewards must be one of {sorted(REWARD_SCALES)}"),
         (cfg.algorithm.reward_combination in REWARD_COMBINERS,
          f"algorithm.reward_combination must be one of {sorted(REWARD_COMBINERS)}"),
         (cfg.algorithm.importance_sampling_level in IMPORTANCE_RATIOS,
          f"algorithm.importance_sampling_level must be one of {sorted(IMPORTANCE_RATIOS)}"),
-        (cfg.algorithm.clip_ratio_c is None or cfg.algorithm.clip_ratio_c > 1, "algorithm.clip_ratio_c must be > 1 (or empty)"),
-        (cfg.algorithm.policy_loss in POLICY_LOSSES, f"algorithm.policy_loss must be one of {sorted(POLICY_LOSSES)}"),
-        (cfg.algorithm.entropy_control in ENTROPY_CONTROLS,
-         f"algorithm.entropy_control must be one of {sorted(ENTROPY_CONTROLS)}"),
-        (0 <= cfg.algorithm.entropy_coef_min <= cfg.algorithm.entropy_coef_max and cfg.algorithm.entropy_coef_delta >= 0,
-         "algorithm.entropy_coef_min <= entropy_coef_max (both >= 0) and entropy_coef_delta >= 0"),
-        (cfg.algorithm.policy_loss == "clip" or (cfg.algorithm.clip_ratio_c is None and cfg.algorithm.clip_delta is None),
-         "algorithm.clip_ratio_c and algorithm.clip_delta shape the clip policy loss; with "
-         f"policy_loss {cfg.algorithm.policy_loss} leave them empty"),
-        (cfg.algorithm.clip_delta is None or cfg.algorithm.clip_delta > 1, "algorithm.clip_delta must be > 1 (or empty)"),
-        (cfg.algorithm.cispo_max > 0, "algorithm.cispo_max must be > 0"),
-        (cfg.algorithm.sapo_tau_pos > 0 and cfg.algorithm.sapo_tau_neg > 0, "algorithm.sapo_tau_pos and sapo_tau_neg must be > 0"),
-        (min(cfg.algorithm.vespo_k_pos, cfg.algorithm.vespo_k_neg) >= 0
-         and min(cfg.algorithm.vespo_lambda_pos, cfg.algorithm.vespo_lambda_neg) > 0,
-         "algorithm.vespo_k_* must be >= 0 and algorithm.vespo_lambda_* > 0"),
         (cfg.algorithm.entropy_coef >= 0, "algorithm.entropy_coef must be >= 0"),
         (0 < cfg.algorithm.top_entropy_rho <= 1, "algorithm.top_entropy_rho must be in (0, 1]"),
         (cfg.algorithm.kl_in in ("loss", "reward"), "algorithm.kl_in must be loss | reward"),
         (cfg.algorithm.max_sampling_tries >= 0, "algorithm.max_sampling_tries must be >= 0"),
-        (cfg.algorithm.gfpo_sample_size == 0 or cfg.algorithm.gfpo_sample_size > cfg.rollout.num_generations,
-         "algorithm.gfpo_sample_size must be 0 (off) or > rollout.num_generations"),
-        (cfg.algorithm.gfpo_metric in GFPO_METRICS, f"algorithm.gfpo_metric must be one of {sorted(GFPO_METRICS)}"),
+        (cfg.algorithm.gfpo_filter.params.sample_size not in range(1, cfg.rollout.num_generations + 1),
+         "algorithm.gfpo_filter.sample_size must be 0 (off) or > rollout.num_generations"),
         (0 <= cfg.algorithm.overlong_cache_fraction < 1, "algorithm.overlong_cache_fraction must be in [0, 1)"),
         (cfg.algorithm.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0"),
         (cfg.algorithm.ref_update_steps >= 0, "algorithm.ref_update_steps must be >= 0"),
         (0 < cfg.algorithm.ref_mix_alpha <= 1, "algorithm.ref_mix_alpha must be in (0, 1]"),
         (not cfg.algorithm.kl_ratio_correction or cfg.algorithm.importance_sampling_level in KL_CORRECTION_LOG_RATIOS,
          f"algorithm.kl_ratio_correction supports importance_sampling_level {sorted(KL_CORRECTION_LOG_RATIOS)}"),
-        (cfg.algorithm.off_policy_mask_measure in OFF_POLICY_MEASURES,
-         f"algorithm.off_policy_mask_measure must be one of {sorted(OFF_POLICY_MEASURES)}"),
-        (cfg.algorithm.off_policy_mask_threshold is None or cfg.algorithm.off_policy_mask_measure != "ratio"
-         or cfg.algorithm.off_policy_mask_threshold > 1,
-         "algorithm.off_policy_mask_threshold must be > 1 with off_policy_mask_measure=ratio"),
-        (cfg.algorithm.rollout_correction == "none" or cfg.algorithm.rollout_correction in ROLLOUT_CORRECTIONS,
-         f"algorithm.rollout_correction must be none or one of {sorted(ROLLOUT_CORRECTIONS)}"),
-        (cfg.algorithm.rollout_correction_min is None or cfg.algorithm.rollout_correction_max is None
-         or 0 <= cfg.algorithm.rollout_correction_min < cfg.algorithm.rollout_correction_max,
-         "algorithm.rollout_correction_min must be >= 0 and below algorithm.rollout_correction_max"),
         (all(b >= 0 for b in cfg.algorithm.beta_by_domain.values()), "algorithm.beta_by_domain values must be >= 0"),
-        (cfg.algorithm.token_preference in ("none", "lambda"), "algorithm.token_preference must be none | lambda"),
-        (cfg.algorithm.critic in ("none", "value_head"), "algorithm.critic must be none | value_head"),
-        (0 <= cfg.algorithm.hybrid_alpha <= 1, "algorithm.hybrid_alpha must be in [0, 1]"),
-        (cfg.algorithm.value_lr > 0 and cfg.algorithm.value_steps >= 1,
-         "algorithm.value_lr must be > 0 and algorithm.value_steps >= 1"),
-        (cfg.algorithm.lambda_lr > 0 and cfg.algorithm.lambda_r >= 0, "algorithm.lambda_lr must be > 0, lambda_r >= 0"),
         (not cfg.algorithm.beta_by_domain or cfg.algorithm.beta > 0,
          "algorithm.beta_by_domain needs algorithm.beta > 0 (the reference model exists only then; beta is the "
          "coefficient of rows whose domain is not listed): set algorithm.beta"),
         (cfg.algorithm.length_reward_alpha >= 0, "algorithm.length_reward_alpha must be >= 0"),
         (cfg.algorithm.wrong_answer_penalty >= 0, "algorithm.wrong_answer_penalty must be >= 0 (the reward is -this)"),
-        (cfg.algorithm.difficulty_weighting in DIFFICULTY_WEIGHTINGS,
-         f"algorithm.difficulty_weighting must be one of {sorted(DIFFICULTY_WEIGHTINGS)}"),
-        (0 <= cfg.algorithm.difficulty_weight_min <= cfg.algorithm.difficulty_weight_max,
-         "algorithm.difficulty_weight_min must be >= 0 and <= algorithm.difficulty_weight_max"),
-        (cfg.algorithm.entropy_advantage in ENTROPY_ADVANTAGES,
-         f"algorithm.entropy_advantage must be one of {sorted(ENTROPY_ADVANTAGES)}"),
-        (0 <= cfg.algorithm.entropy_reward_weight <= 1, "algorithm.entropy_reward_weight must be in [0, 1]"),
         (not cfg.algorithm.guided_error_correction or getattr(cfg.rollout, "env", None) is None,
          "algorithm.guided_error_correction replaces single-turn completions; it does not work with rollout.env"),
-        (not cfg.algorithm.guided_error_correction or not cfg.algorithm.gfpo_sample_size,
-         "algorithm.guided_error_correction cannot be combined with algorithm.gfpo_sample_size"),
+        (not cfg.algorithm.guided_error_correction or not cfg.algorithm.gfpo_filter.params.sample_size,
+         "algorithm.guided_error_correction cannot be combined with algorithm.gfpo_filter.sample_size"),
         (cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype must be float32 | bfloat16 | float16"),
         (cfg.lora.r >= 1, "lora.r must be >= 1"),
         (cfg.lora.alpha > 0, "lora.alpha must be > 0"),
@@ -169,12 +120,12 @@ def validate(cfg: Config) -> None:
         (cfg.optim.lr_scheduler in ("constant", "linear", "cosine"), "optim.lr_scheduler must be constant | linear | cosine"),
         (cfg.train.prompts_per_step >= 1, "train.prompts_per_step must be >= 1"),
         (cfg.train.micro_batch_size >= 0, "train.micro_batch_size must be >= 0"),
-        (cfg.train.mmap_threshold_mb >= 0, "train.mmap_threshold_mb must be >= 0"),
+        (cfg.cpu.mmap_threshold_mb >= 0, "cpu.mmap_threshold_mb must be >= 0"),
         (cfg.train.micro_batch_tokens >= -1, "train.micro_batch_tokens must be -1 (no limit), 0 (auto) or > 0"),
         (cfg.train.max_steps >= 0, "train.max_steps must be >= 0"),
         (math.isfinite(cfg.train.num_train_epochs) and cfg.train.num_train_epochs >= 0,
          f"train.num_train_epochs must be >= 0 (0 = train.max_steps), got {cfg.train.num_train_epochs}"),
-        (cfg.train.num_threads >= 0, "train.num_threads must be >= 0"),
+        (cfg.cpu.num_threads >= 0, "cpu.num_threads must be >= 0"),
         (cfg.train.save_steps >= 0, "train.save_steps must be >= 0"),
         (cfg.train.logprob_chunk_size >= 0, "train.logprob_chunk_size must be >= 0 (0 = auto)"),
         (math.isfinite(cfg.train.memory_budget_gib) and cfg.train.memory_budget_gib >= 0,
@@ -197,8 +148,8 @@ def validate(cfg: Config) -> None:
          f"rollout.precision must be one of {' | '.join(ROLLOUT_PRECISIONS)}, got '{cfg.rollout.precision}'"),
         (cfg.train.precision != "fp16" or cfg.model.dtype == "float32",
          "train.precision=fp16 needs model.dtype=float32 (the loss scaler keeps float32 master weights)"),
-        (cfg.model.cpu_matmul in ("auto", "onednn", "aten"), "model.cpu_matmul must be auto | onednn | aten"),
-        (cfg.rollout.decode_kernel in ("auto", "native", "onednn"), "rollout.decode_kernel must be auto | native | onednn"),
+        (cfg.cpu.cpu_matmul in ("auto", "onednn", "aten"), "cpu.cpu_matmul must be auto | onednn | aten"),
+        (cfg.cpu.decode_kernel in ("auto", "native", "onednn"), "cpu.decode_kernel must be auto | native | onednn"),
         (cfg.rollout.engine in ENGINE_NAMES, f"rollout.engine must be {' | '.join(ENGINE_NAMES)}, got '{cfg.rollout.engine}'"),
         (cfg.rollout.vllm.mode in ("colocate", "server"), "rollout.vllm.mode must be colocate | server"),
         (0 < cfg.rollout.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization must be in (0, 1]"),
@@ -210,10 +161,10 @@ def validate(cfg: Config) -> None:
         (cfg.rollout.vllm.enforce_eager in ("auto", "true", "false"), "rollout.vllm.enforce_eager must be auto | true | false"),
         (cfg.rollout.vllm.dtype in ("auto", "float32", "bfloat16", "float16"),
          "rollout.vllm.dtype must be auto | float32 | bfloat16 | float16"),
-        (cfg.train.grad_kernel in ("auto", "native", "onednn"), "train.grad_kernel must be auto | native | onednn"),
-        (cfg.train.elementwise_kernel in ("auto", "native", "torch"),
-         "train.elementwise_kernel must be auto | native | torch"),
-        (cfg.train.attention_kernel in ("auto", "native", "torch"), "train.attention_kernel must be auto | native | torch"),
+        (cfg.cpu.grad_kernel in ("auto", "native", "onednn"), "cpu.grad_kernel must be auto | native | onednn"),
+        (cfg.cpu.elementwise_kernel in ("auto", "native", "torch"),
+         "cpu.elementwise_kernel must be auto | native | torch"),
+        (cfg.cpu.attention_kernel in ("auto", "native", "torch"), "cpu.attention_kernel must be auto | native | torch"),
         (cfg.model.attn_implementation in ("auto", "eager", "sdpa", "flash_attention_2"),
          "model.attn_implementation must be auto | eager | sdpa | flash_attention_2"),
         (cfg.model.attn_implementation != "flash_attention_2" or cfg.model.dtype in ("bfloat16", "float16"),
@@ -224,9 +175,10 @@ def validate(cfg: Config) -> None:
         (cfg.train.resume.strip() != "", "train.resume must be never | auto | a checkpoint directory"),
         (not cfg.reward.process_functions or cfg.reward.step_delimiter != "",
          "reward.step_delimiter may not be empty when reward.process_functions is set"),
-        (not (cfg.algorithm.advantage_estimator == "dr_grpo" and cfg.algorithm.scale_rewards == "batch"),
-         "algorithm.advantage_estimator=dr_grpo means algorithm.scale_rewards=none (no std division); "
-         "got algorithm.scale_rewards=batch: use advantage_estimator=grpo for a batch std"),
+        (cfg.algorithm.critic == "none" or cfg.algorithm.advantage == "grpo",
+         f"algorithm.critic {cfg.algorithm.critic} replaces the advantage estimator, with grpo's eps and "
+         f"scale_rewards: use algorithm.advantage grpo (dr_grpo = {{name: grpo, scale_rewards: none}}), got "
+         f"{cfg.algorithm.advantage}"),
         (not (cfg.algorithm.overlong_cache_fraction > 0
               and any(spec.split(":")[0] == "soft_overlong" for spec in cfg.reward.functions)),
          "soft overlong punishment given twice: reward.functions has soft_overlong and "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from grpo.config.errors import ConfigError
 from grpo.config.fields import _f
 
 
@@ -81,8 +82,6 @@ class FlowConfig:
                                                    f"{self.train_unseen_fraction}"),
             (self.eval_every >= 0, f"flow.eval_every must be >= 0, got {self.eval_every}"),
         ]
-        from grpo.config.schema import ConfigError   # schema.py imports this module
-
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)

@@ -11,14 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config.algorithm import AlgorithmConfig
+from grpo.config.cpu import CpuConfig
 from grpo.config.engine import VllmConfig
+from grpo.config.errors import ConfigError  # noqa: F401  (the config's error, importable from here as before)
 from grpo.config.fields import _f
 from grpo.config.flow import FlowConfig
 from grpo.config.health import HealthConfig
-
-
-class ConfigError(ValueError):
-    """A bad configuration value or key; its message is one line that names the key."""
 
 
 @dataclass(frozen=True)
@@ -26,9 +24,6 @@ class ModelConfig:
     path: str | None = _f(None, "Local Hugging Face model directory; empty = the embedded arithmetic base policy.")
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     trust_remote_code: bool = _f(False, "Allow custom modelling code shipped with the model directory.")
-    cpu_matmul: str = _f("auto", "float32 linear layers on CPU (grpo/modeling/cpu_kernels.py): onednn (oneDNN GEMMs, 2-3x "
-                         "faster than MKL on AMD CPUs) | aten (PyTorch's default) | auto (onednn for models of hidden size "
-                         ">= 512 when a short calibration on this machine finds it >= 1.25x faster). No effect on GPU or other dtypes.")
     device: str = _f("auto", "Where the policy, the reference and every tensor of a step live: auto (CUDA when "
                      "available, under torchrun cuda:LOCAL_RANK; else cpu) | cpu | cuda | cuda:N. CPU-only tuning "
                      "(oneDNN linears, allocator threshold, thread count, micro-batch heuristics) applies only on cpu.")
@@ -110,10 +105,6 @@ class RolloutConfig:
                         "sampler's log-probs then differ from the update's (metric rollout/logprob_diff; "
                         "algorithm.rollout_correction corrects). "
                         "Emulated (~14x slower) on an AVX2-only CPU. Evaluation keeps train.precision.")
-    decode_kernel: str = _f("auto", "The CPU rollout's float32 decode products at <= 64 rows: auto (native where it "
-                            "builds, else onednn) | native (grpo's own AVX-512 kernel, compiled on first use with the "
-                            "machine's C compiler into ~/.cache/grpo/kernels; an error where it cannot run) | onednn. "
-                            "native overlaps the weights' reads with the multiply-adds (docs/performance.md).")
     env: str | None = _f(None, "Multi-turn episodes with tools (docs/agents.md): a built-in environment (calculator | "
                          "python) or file.py:Class; the Python API also takes an object. Empty = single-turn.")
     tool_parser: str = _f("qwen", "How tool calls are read from <tool_call>...</tool_call>: qwen (a JSON "
@@ -189,19 +180,6 @@ class TrainConfig:
     prompts_per_step: int = _f(8, "B: prompts per step; a step trains on B * G completions.")
     micro_batch_size: int = _f(0, "Completions per forward/backward pass (gradient accumulation, exact); 0 = no "
                                "row limit (train.micro_batch_tokens still applies).")
-    mmap_threshold_mb: float = _f(0.0, "glibc: host allocations >= this many MiB come from mmap, fresh pages from the "
-                                  "kernel each time, and go back to the OS when freed. 0 (default) = glibc's own "
-                                  "dynamic threshold: on the shape grid it ran steps 2-3 5-20 % faster than 1 at about the "
-                                  "same peak RSS (-76 to +55 MiB; +281 MiB at 1024 new tokens), the same from step 4 "
-                                  "on at 100M (docs/performance.md). 1 or 0.25 (256 KiB) fix the threshold, for a "
-                                  "heap that fragments.")
-    malloc_trim: bool = _f(True, "CPU runtime, glibc: give the heap's free pages back to the OS once per step, after the "
-                           "rollout and reference pass and before the update (malloc_trim), so the tensors the rollout "
-                           "freed (packed weights, KV cache) do not stay resident as holes under the update's peak. "
-                           "Measured on an AMD EPYC Zen 5 (bench/grid.py shapes, 4 steps, 3 rounds): peak RSS 25-75 MiB "
-                           "lower than without it on 75.7M-100.7M models; steps the same at 100.7M, 6-11 % slower at 75.7M (the "
-                           "trimmed pages are faulted in again). A second trim after the update lowered the peak no "
-                           "further and cost 1-8 % (docs/performance.md). Ignored on CUDA.")
     micro_batch_tokens: int = _f(0, "Token budget of one forward/backward pass (like verl's ppo_max_token_len_per_gpu): "
                                  "rows bucketed by length, rows x longest row <= this. 0 = auto: "
                                  "2**20 / (hidden_size x num_layers), at least 256 (~150 MiB of activations); "
@@ -218,7 +196,6 @@ class TrainConfig:
                                  "x ceil(prompts / train.prompts_per_step)) once the dataset is loaded (config.yaml "
                                  "records the result); 0 = train.max_steps as given.")
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
-    num_threads: int = _f(0, "CPU threads for torch (0 = torch's default); 1 is often fastest for tiny models.")
     output_dir: str = _f("runs/train", "Where metrics.jsonl and the final checkpoint are written.")
     save_final: bool = _f(True, "Save the trained policy to output_dir/checkpoint-<step> at the end.")
     gradient_checkpointing: bool | None = _f(None, "Recompute transformer layer activations in the backward pass "
@@ -230,44 +207,10 @@ class TrainConfig:
     lean_layers: bool | None = _f(None, "RMSNorm and SwiGLU MLP layers that keep 38% fewer activations for the "
                                   "backward pass and recompute the rest (grpo/modeling/lean_layers.py); same values: "
                                   "true | false | empty = auto (on in one process when the MLPs' products run through "
-                                  "oneDNN, model.cpu_matmul: there the update measured 5-7% faster on 100M-300M "
+                                  "oneDNN, cpu.cpu_matmul: there the update measured 5-7% faster on 100M-300M "
                                   "models; off elsewhere: speed-neutral with MKL's products, 2-4% slower on models "
                                   "under 512 wide, 22% slower updates on the 0.8M demo model). Worth turning on for "
                                   "long completions or a tight memory budget.")
-    grad_in_place: bool = _f(True, "CPU, one process: each linear layer's weight gradient is accumulated into .grad by "
-                             "one in-place GEMM per micro-batch instead of a new tensor plus an add (same values; "
-                             "grpo/modeling/grad_in_place.py GradIntoLinear). Off under torchrun (DDP / FSDP reduce "
-                             "gradients from hooks this skips) and on CUDA. oneDNN-switched linears (model.cpu_matmul) add "
-                             "their weight gradients into .grad in row blocks (float32; the lean SwiGLU MLP, "
-                             "train.lean_layers, adds each whole product), or their bf16 weight "
-                             "gradients into the float32 .grad (train.precision bf16).")
-    grad_kernel: str = _f("auto", "CPU runtime: how oneDNN-switched float32 linears (model.cpu_matmul) and the fused LM "
-                          "head add their weight gradients into .grad (train.grad_in_place): auto (native where it "
-                          "builds, else onednn) | native (grpo's own AVX-512 kernel, the one of rollout.decode_kernel: "
-                          "dW += dY^T X read in place, no transposed copies or product temporaries; an error where it "
-                          "cannot run) | onednn (products in blocks, then added).")
-    elementwise_kernel: str = _f("auto", "CPU runtime: the update's float32 elementwise passes of the lean SwiGLU MLP "
-                                 "(train.lean_layers) and the fused LM head (log-softmax, entropy, dL/dlogits): auto "
-                                 "(native where it builds, else torch) | native (grpo's own AVX-512 kernels, built with "
-                                 "rollout.decode_kernel's: one pass over memory each, no temporaries; an error where "
-                                 "they cannot run) | torch (torch's operators).")
-    attention_kernel: str = _f("auto", "CPU runtime: float32 causal self-attention of up to 768 positions (the update's "
-                               "passes, old and reference log-probs): auto (native where it builds, else torch) | "
-                               "native (grpo's own AVX-512 kernel, forward and backward; an error where it cannot "
-                               "run) | torch (transformers' sdpa). Longer sequences, dropout, sliding windows and other "
-                               "attention implementations always keep sdpa.")
-    huge_pages: bool = _f(True, "CPU runtime, Linux: the update's flat gradient buffer (train.grad_buffer) is advised as "
-                          "2 MiB transparent huge pages before its zero fill (where the kernel's THP mode is madvise "
-                          "or always). Where the kernel has free 2 MiB pages: ~200 page faults instead of ~100 k at 100M "
-                          "parameters, 14-19 ms against 70-88 ms per update on an AMD EPYC VM, whose first such buffer "
-                          "took 0.47 s once; where it has none, 4 KiB pages as before. Same values and resident size.")
-    grad_buffer: bool = _f(True, "CPU runtime, one process: the update's gradients start as zeroed views of one flat "
-                           "buffer instead of tensors made one by one in the first backward pass (same values). Those "
-                           "land in the holes the first micro-batch's activations leave, and the heap grows by part of "
-                           "a micro-batch with every later micro-batch; the buffer lives outside the heap and returns "
-                           "to the OS after the step. AMD EPYC Zen 5, 6 steps, 3 alternated rounds: peak RSS 1921-1951 MiB "
-                           "against 1972-1994 at 75.7M, 2352-2370 against 2378-2413 at 100.7M, the same step times "
-                           "(docs/performance.md). Off under torchrun (DDP / FSDP2 own the gradients).")
     ref_offload: str = _f("auto", "Where the frozen reference policy's weights (beta > 0, full fine-tuning) stay "
                           "between reference passes: none (in memory with the policy) | disk (an unnamed temporary "
                           "file in train.output_dir, read back for each reference pass, bit-identical; "
@@ -340,10 +283,11 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     flow: FlowConfig = field(default_factory=FlowConfig)    # Flow-GRPO (grpo/config/flow.py)
+    cpu: CpuConfig = field(default_factory=CpuConfig)       # the CPU runtime's settings (grpo/config/cpu.py)
 
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "lora": LoraConfig, "data": DataConfig, "rollout": RolloutConfig, "reward": RewardConfig,
     "algorithm": AlgorithmConfig, "optim": OptimConfig, "train": TrainConfig, "log": LogConfig,
-    "health": HealthConfig, "flow": FlowConfig,
+    "health": HealthConfig, "flow": FlowConfig, "cpu": CpuConfig,
 }

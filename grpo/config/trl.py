@@ -23,10 +23,13 @@ import functools
 import math
 from typing import Any, Callable
 
-from grpo.config import ConfigError
+from grpo.config.errors import ConfigError
+from grpo.config.names import did_you_mean
+from grpo.config.schema import SECTIONS
 from grpo.config.trl_values import (IF_DEFAULT, check_values, dtype_value, generation_overrides, lr_scheduler_value,
                                      model_init_overrides, report_to_value, same_value, scale_rewards_value)
 from grpo.config.trl_vllm import ENGINE_NOTES, VLLM_KEYS, engine_overrides
+from grpo.config.variants import fold_translated
 
 
 #: TRL key -> (our key, value conversion).
@@ -49,24 +52,24 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "beta": ("algorithm.beta", same_value),
     "epsilon": ("algorithm.epsilon", same_value),
     "epsilon_high": ("algorithm.epsilon_high", same_value),
-    "delta": ("algorithm.clip_delta", same_value),
-    "sapo_temperature_pos": ("algorithm.sapo_tau_pos", same_value),
-    "sapo_temperature_neg": ("algorithm.sapo_tau_neg", same_value),
-    "vespo_k_pos": ("algorithm.vespo_k_pos", same_value),
-    "vespo_lambda_pos": ("algorithm.vespo_lambda_pos", same_value),
-    "vespo_k_neg": ("algorithm.vespo_k_neg", same_value),
-    "vespo_lambda_neg": ("algorithm.vespo_lambda_neg", same_value),
-    "scale_rewards": ("algorithm.scale_rewards", scale_rewards_value),
+    "delta": ("algorithm.policy_loss.delta", same_value),        # each applies under its entry (fold_translated)
+    "sapo_temperature_pos": ("algorithm.policy_loss.tau_pos", same_value),
+    "sapo_temperature_neg": ("algorithm.policy_loss.tau_neg", same_value),
+    "vespo_k_pos": ("algorithm.policy_loss.k_pos", same_value),
+    "vespo_lambda_pos": ("algorithm.policy_loss.lambda_pos", same_value),
+    "vespo_k_neg": ("algorithm.policy_loss.k_neg", same_value),
+    "vespo_lambda_neg": ("algorithm.policy_loss.lambda_neg", same_value),
+    "scale_rewards": ("algorithm.advantage.scale_rewards", scale_rewards_value),   # grpo's (fold_translated)
     "importance_sampling_level": ("algorithm.importance_sampling_level", same_value),
     "num_iterations": ("algorithm.num_iterations", same_value),
     "mask_truncated_completions": ("algorithm.overlong_filter", same_value),
     "top_entropy_quantile": ("algorithm.top_entropy_rho", lambda v: v or TOP_ONE),    # 0.0: TRL's "the top token"
     "use_bias_correction_kl": ("algorithm.kl_ratio_correction", same_value),
-    "off_policy_mask_threshold": ("algorithm.off_policy_mask_threshold", same_value),
+    "off_policy_mask_threshold": ("algorithm.off_policy_mask.threshold", same_value),
     "vllm_importance_sampling_mode": ("algorithm.rollout_correction", same_value),
-    "vllm_importance_sampling_cap": ("algorithm.rollout_correction_max", same_value),     # TRL's deprecated name
-    "vllm_importance_sampling_clip_min": ("algorithm.rollout_correction_min", same_value),
-    "vllm_importance_sampling_clip_max": ("algorithm.rollout_correction_max", same_value),
+    "vllm_importance_sampling_cap": ("algorithm.rollout_correction.max", same_value),     # TRL's deprecated name
+    "vllm_importance_sampling_clip_min": ("algorithm.rollout_correction.min", same_value),
+    "vllm_importance_sampling_clip_max": ("algorithm.rollout_correction.max", same_value),
     "reward_weights": ("reward.weights", same_value),
     "seed": ("train.seed", same_value),
     "output_dir": ("train.output_dir", same_value),
@@ -76,10 +79,10 @@ TRL_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "overwrite_output_dir": ("train.overwrite_output_dir", same_value),
     "entropy_coef": ("algorithm.entropy_coef", same_value),
     "use_adaptive_entropy": ("algorithm.entropy_control", lambda v: "adaptive" if v else "fixed"),
-    "entropy_target": ("algorithm.entropy_target", same_value),
-    "entropy_coef_delta": ("algorithm.entropy_coef_delta", same_value),
-    "entropy_coef_min": ("algorithm.entropy_coef_min", same_value),
-    "entropy_coef_max": ("algorithm.entropy_coef_max", same_value),
+    "entropy_target": ("algorithm.entropy_control.target", same_value),
+    "entropy_coef_delta": ("algorithm.entropy_control.delta", same_value),
+    "entropy_coef_min": ("algorithm.entropy_control.coef_min", same_value),
+    "entropy_coef_max": ("algorithm.entropy_control.coef_max", same_value),
     "report_to": ("log.report_to", report_to_value),
     "run_name": ("log.run_name", same_value),
     "disable_tqdm": ("log.progress_bar", lambda v: not v),
@@ -279,7 +282,7 @@ def _ref_sync(trl: dict[str, Any]) -> dict[str, Any]:
 
 def _loss(trl: dict[str, Any]) -> dict[str, Any]:
     """loss_type -> the policy loss and aggregation; under cispo TRL reads epsilon_high (else epsilon, 0.2) as
-    the cap of the importance weight: algorithm.cispo_max."""
+    the cap of the importance weight: algorithm.policy_loss.max."""
     if "loss_type" not in trl:
         return {}
     if trl["loss_type"] not in LOSS_TYPES:
@@ -288,7 +291,7 @@ def _loss(trl: dict[str, Any]) -> dict[str, Any]:
     policy, aggregation = LOSS_TYPES[trl["loss_type"]]
     out = {"algorithm.policy_loss": policy, "algorithm.loss_agg_mode": aggregation}
     if policy == "cispo":
-        out["algorithm.cispo_max"] = trl.get("epsilon_high") or trl.get("epsilon", 0.2)
+        out["algorithm.policy_loss.max"] = trl.get("epsilon_high") or trl.get("epsilon", 0.2)
     return out
 
 
@@ -299,7 +302,7 @@ def _objectives(trl: dict[str, Any]) -> dict[str, Any]:
     mode = trl.get("multi_objective_aggregation")
     if mode is None:
         return {}
-    return {"algorithm.reward_combination": mode, **({"algorithm.scale_rewards": "batch"}
+    return {"algorithm.reward_combination": mode, **({"algorithm.advantage.scale_rewards": "batch"}
                                                       if mode == "normalize_then_sum" else {})}
 
 
@@ -325,9 +328,6 @@ def check_known(trl: dict[str, Any]) -> None:
     """One ConfigError naming every key of `trl` that is no TRL key mapped here (with the closest one)."""
     unknown = [k for k in trl if k not in ALL_KEYS]
     if unknown:
-        from grpo.config.build import did_you_mean
-        from grpo.config.schema import SECTIONS
-
         named = ", ".join(f"'{k}'{did_you_mean(k, sorted(ALL_KEYS) + list(SECTIONS))}" for k in unknown)
         raise ConfigError(f"{'key' if len(unknown) == 1 else 'keys'} {named}: no TRL key grpo maps, nor one of its "
                           f"sections (docs/migrating-from-trl.md lists the mapped TRL keys; our own keys are "
@@ -372,7 +372,7 @@ def from_trl(trl: dict[str, Any], world_size: int = 1) -> tuple[dict[str, Any], 
         overrides.update(combined)
         if combined:
             lines.append(f"{', '.join(k for k in keys if k in trl)} -> {', '.join(combined)}")
-    return _as_trl_does(trl, overrides, lines), lines
+    return fold_translated(_as_trl_does(trl, overrides, lines)), lines
 
 
 def _as_trl_does(trl: dict[str, Any], overrides: dict[str, Any], lines: list[str]) -> dict[str, Any]:

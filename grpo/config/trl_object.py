@@ -20,6 +20,8 @@ import enum
 import warnings
 from typing import Any
 
+from grpo.config.trl import ALL_KEYS, TRL_KEYS
+
 #: Fields whose TRL default is not applied from an object (mapped only when set), and why.
 ONLY_IF_SET = {
     **dict.fromkeys(("vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
@@ -61,8 +63,6 @@ def plain(value: Any) -> Any:
 
 
 def defaults_applied() -> frozenset[str]:
-    from grpo.config.trl import TRL_KEYS
-
     return frozenset(set(TRL_KEYS) | set(DEFAULTS_APPLIED_EXTRA)) - set(ONLY_IF_SET)
 
 
@@ -114,8 +114,6 @@ def trl_fields(obj: Any, changed: set[str] | None = None) -> dict[str, Any]:
 def object_lines(lines: list[str], changed: set[str]) -> list[str]:
     """The mapping lines (`key -> ours`, `a, b -> x, y`, `key ignored (...)`, notes) of the fields the user set (and
     output_dir, bf16 / fp16, use_cpu, max_steps), the notes naming no key, then one line for the TRL defaults applied to the other mapped keys."""
-    from grpo.config.trl import ALL_KEYS
-
     def keys(line: str) -> set[str]:
         head = line.split(" -> ")[0].split(" ignored")[0]
         return {k.split(" ")[0] for k in head.split(", ")} & ALL_KEYS

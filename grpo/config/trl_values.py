@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any, Callable
 
-from grpo.config import ConfigError
+from grpo.config.errors import ConfigError
 
 #: TRL's boolean keys (`string_to_bool`: yes/no, true/false, t/f, y/n, 1/0, any case).
 BOOL_KEYS = frozenset((

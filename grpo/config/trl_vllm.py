@@ -16,14 +16,14 @@ The rollout correction TRL applies to vLLM's samples (`vllm_importance_sampling_
 by default here under `rollout.engine: vllm` too, however the engine was chosen (TRL key, YAML, flag): grpo/config/
 build.py sets `algorithm.rollout_correction` to :data:`VLLM_ROLLOUT_CORRECTION` unless it is given (TRL's
 `vllm_importance_sampling_correction: false` gives it as none). TRL's bounds are grpo's defaults already
-(`rollout_correction_max` 3.0, `rollout_correction_min` empty).
+(`rollout_correction.max` 3.0, `rollout_correction.min` empty).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from grpo.config import ConfigError
+from grpo.config.errors import ConfigError
 from grpo.config.trl_values import same_value
 
 #: TRL 1.16 GRPOConfig's defaults of the keys below (trl/trainer/grpo_config.py), for the record and the tests.

@@ -24,6 +24,7 @@ import torch
 
 from grpo.config import ConfigError, DataConfig
 from grpo.data.datasets_io import DataError, read_dataset, read_jsonl  # noqa: F401  (re-exported)
+from grpo.data.tasks import TASKS
 from grpo.types import PromptBatch
 
 log = logging.getLogger(__name__)
@@ -123,8 +124,6 @@ def apply_length_policy(ids: list[list[int]], max_len: int, policy: str, source:
 
 def _embedded_rows(cfg: DataConfig, seed: int) -> list[dict[str, Any]]:
     """The embedded task's train split."""
-    from grpo.data.tasks import TASKS
-
     if cfg.task not in TASKS:
         raise ConfigError(f"data.task must be one of {sorted(TASKS)}, got '{cfg.task}'")
     return TASKS[cfg.task].generate("train", cfg.num_train_prompts, seed=seed)

@@ -8,14 +8,12 @@ from typing import Any
 
 import torch
 
-from grpo.config import Config
+from grpo.config import RolloutConfig
 from grpo.data.prompts import left_pad
 from grpo.envs.agent import EpisodeDriver
 from grpo.envs.environment import EnvFactory, resolve
 from grpo.envs.parsers import load_parser
-from grpo.rollout.eos import eos_token_ids
-from grpo.rollout.engines.native import NativeEngine
-from grpo.rollout.params import rollout_params
+from grpo.rollout.params import Prompts, SamplingParams
 from grpo.types import Generation
 
 
@@ -27,33 +25,32 @@ class Episodes:
     metrics: dict[str, float] = field(default_factory=dict)   # tools/*, env/*
 
 
-def play_episodes(model, tokenizer, rows: list[dict[str, Any]], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                  factory: EnvFactory, cfg: Config, k: int, index: list[int], device, engine=None) -> Episodes:
-    """k episodes of each row (row i*k+j: episode j of prompt i), each in a fresh environment.
+def play_episodes(engine, tokenizer, rows: list[dict[str, Any]], prompts: Prompts, factory: EnvFactory,
+                  params: SamplingParams, ro: RolloutConfig) -> Episodes:
+    """k = ``params.n`` episodes of each row (row i*k+j: episode j of prompt i), each in a fresh environment,
+    played by `engine` (grpo/rollout/engine.py) with the tools and observation settings of `ro` (``cfg.rollout``).
 
     An environment whose reset() returns text replaces the prompt of its group with it (the first
     episode's text counts: a group shares its prompt); None keeps the row's prompt.
-    `engine` (grpo/rollout/engine.py) plays them; None: the native sampler on `model`.
-    Shape: prompt_ids, prompt_mask [B, P] -> Episodes of N = B * k rows."""
-    ro = cfg.rollout
-    if ro.repetition_penalty != 1.0:        # the env object may come from Trainer(env=...), past the config check
+    ``params.stop_token_ids`` end an episode (grpo.rollout.eos.eos_token_ids) and the driver's turns too.
+    Shape: prompts.ids, prompts.mask [B, P], prompts.index [B] -> Episodes of N = B * k rows."""
+    if params.repetition_penalty != 1.0:    # the env object may come from Trainer(env=...), past the config check
         raise ValueError("rollout.repetition_penalty applies to single-turn rollouts; with an environment leave it "
                          "at 1.0")
+    k, device = params.n, prompts.ids.device
     envs = [factory.make() for _ in range(len(rows) * k)]
     firsts = [resolve(env.reset(rows[i // k])) for i, env in enumerate(envs)]
     replaced = [firsts[i * k] for i in range(len(rows))]
+    prompt_ids, prompt_mask = prompts.ids, prompts.mask
     if any(isinstance(p, str) for p in replaced):
         seqs = [tokenizer(p)["input_ids"] if isinstance(p, str) else ids[m.bool()].tolist()
                 for p, ids, m in zip(replaced, prompt_ids, prompt_mask)]
         prompt_ids, prompt_mask = left_pad(seqs, tokenizer.pad_token_id)
-    eos = eos_token_ids(tokenizer, model)                  # the tokenizer's + the generation config's: any ends it
     driver = EpisodeDriver(tokenizer, envs, load_parser(ro.tool_parser), max_turns=ro.max_turns,
                            observation_format=ro.observation_format, timeout_s=ro.tool_timeout_s,
-                           max_chars=ro.max_observation_chars, eos_token_ids=eos)
-    engine = engine or NativeEngine(model, tokenizer.pad_token_id)
-    params = rollout_params(ro, eos, cfg.train.seed, n=k)
+                           max_chars=ro.max_observation_chars, eos_token_ids=params.stop_token_ids)
     gen = engine.generate_episodes(prompt_ids.to(device), prompt_mask.to(device), driver, params,
-                                   prompt_index=torch.tensor(index, dtype=torch.long, device=device))
+                                   prompt_index=None if prompts.index is None else prompts.index.to(device))
     return Episodes(gen, driver.messages, {"turn_rewards": driver.turn_rewards}, driver.metrics())
 
 

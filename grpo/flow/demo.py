@@ -17,6 +17,7 @@ from grpo.config import demo_config
 from grpo.flow.evaluate import sample_images
 from grpo.flow.loop import check_flow_config, load_model, run_flow
 from grpo.flow.tasks import run_prompts
+from grpo.health.figures import panel_grid
 from grpo.state.metrics import read_metrics
 
 # The demo's settings (every other key keeps its default; `grpo train --help-config` lists them).
@@ -31,7 +32,8 @@ DEMO_CONFIG: dict[str, dict[str, Any]] = {
     "rollout": {"num_generations": 8},
     "optim": {"lr": 5e-4, "warmup_steps": 3, "max_grad_norm": 1.0},
     # one thread: a 0.2M-parameter model gains nothing from a second one, and on a shared machine two thrash
-    "train": {"max_steps": 80, "save_steps": 0, "num_threads": 1},
+    "train": {"max_steps": 80, "save_steps": 0},
+    "cpu": {"num_threads": 1},
 }
 SHOWN_SAMPLES = 4                # images per prompt in the grids
 
@@ -76,26 +78,9 @@ def write_grids(out: Path, prompts, before: torch.Tensor, after: torch.Tensor, p
 
 
 def plot_flow_curves(metrics_path: Path, out_png: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = read_metrics(metrics_path)
     panels = (("reward/total/mean", "training reward"), ("eval/compositional_main", "held-out compositional (main object)"),
               ("kl/mean", "KL to reference"), ("flow/diversity", "diversity (std within a group)"))
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (key, title) in zip(axes.flat, panels):
-        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="." if key.startswith("eval/") else None)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
-    return out_png
+    return panel_grid(read_metrics(metrics_path), panels, out_png)
 
 
 def run_flow_demo(out_dir: str | Path = "runs/flow-demo", *, steps: int | None = None, seed: int = 0,
@@ -106,8 +91,8 @@ def run_flow_demo(out_dir: str | Path = "runs/flow-demo", *, steps: int | None =
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)              # the demo's metrics are this run's only
     cfg = demo_config(DEMO_CONFIG, out, seed, steps, overrides)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    if cfg.cpu.num_threads:
+        torch.set_num_threads(cfg.cpu.num_threads)
     task = check_flow_config(cfg)
     model = load_model(cfg, task, torch.device("cpu"))
     trained_on, held_out = run_prompts(task, cfg.flow)

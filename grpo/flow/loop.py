@@ -4,10 +4,9 @@
     -> update (flow.updates_per_step optimizer steps) -> [held-out evaluation] -> metrics -> health rules
     -> callbacks -> checkpoint
 
-It shares the machinery of text runs: the output-dir lock and begin_run (grpo/state/), checkpoints and
-exact resume (grpo.state.resume: save_state / find_checkpoint / restore), the optimizer and LR schedule
-(grpo.training.update.build_optimizer), metrics.jsonl (MetricsLogger), the health monitor, callbacks and
-the graceful stop on SIGINT / SIGTERM. What differs is the experience (images, not tokens) and the
+It shares the run skeleton of text runs (grpo/training/skeleton.py: exact resume, the health monitor,
+metrics.jsonl, callbacks, the graceful stop on SIGINT / SIGTERM, checkpoints), the output-dir lock
+(grpo/state/) and the optimizer and LR schedule (grpo.training.update.build_optimizer). What differs is the experience (images, not tokens) and the
 update (per (sample, step) pairs), which is why it is not a branch inside the text loop.
 """
 
@@ -29,15 +28,13 @@ from grpo.flow.models import FlowModel, load_flow_model
 from grpo.flow.tasks import TASKS, FlowTask, run_prompts
 from grpo.flow.update import flow_update
 from grpo.flow.variants import VARIANTS
-from grpo.health import HealthMonitor
-from grpo.state.metrics import MetricsLogger
 from grpo.state.output_dir import OutputDirLock, prepare_output_dir
-from grpo.state.resume import announce_run, begin_run, check_resumable, find_checkpoint, restore, save_state
-from grpo.state.signals import GracefulStop
 from grpo.training.callbacks import CallbackList
-from grpo.training.loop import seed_everything, wants_checkpoint
+from grpo.training.loop import seed_everything
 from grpo.training.runtime import resolve_device
+from grpo.training.skeleton import Run, resume
 from grpo.training.update import build_optimizer
+from grpo.training.world import LocalWorld
 from grpo.types import TrainState
 
 
@@ -125,16 +122,9 @@ def _run(cfg: Config, task: FlowTask, model: FlowModel | None, callbacks: Callba
     optimizer, scheduler = build_optimizer(model, cfg.optim, tc.max_steps * fc.updates_per_step)
     state = TrainState(model, LabelVocab(fc.task, task.vocab), optimizer, scheduler, reference,
                        PromptStream(train_prompts, tc.seed))
-    ckpt = find_checkpoint(cfg)
-    if ckpt is not None:
-        check_resumable(ckpt, cfg)
-        restore(state, ckpt, cfg)
-    first = announce_run(out, cfg, ckpt)
-    health = HealthMonitor(cfg, out, first)
-    checkpoint, done, record = (ckpt.path if ckpt else None), first - 1, {}
-    logger = MetricsLogger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done, config=cfg)
-    with logger, GracefulStop() as stop:
-        for step in range(first, tc.max_steps + 1):
+    run = Run(cfg, out, state, LocalWorld(), callbacks, resume(state, cfg))   # grpo/training/skeleton.py
+    with run:                                                            # metrics.jsonl, SIGINT / SIGTERM
+        for step in run.steps():
             t0 = time.perf_counter()
             exp = make_experience(model, task, state.stream.next_batch(fc.prompts_per_step), cfg, step, device)
             t1 = time.perf_counter()
@@ -145,25 +135,10 @@ def _run(cfg: Config, task: FlowTask, model: FlowModel | None, callbacks: Callba
                       "time/step_s": time.perf_counter() - t0}
             if fc.eval_every and step % fc.eval_every == 0:
                 record.update({f"eval/{k}": v for k, v in evaluate(model, task, held_out, cfg).items()})
-            if step == first:
-                logger.start_trackers()                                  # before any write (begin_run)
-                begin_run(out, cfg, ckpt)                                # the first write: step `first` worked
-            findings = health.observe(record)
-            logger.log(record)
-            health.report(findings)
-            callbacks.alert(findings)
-            asked = callbacks.step_end(step, record) or health.halt is not None
-            done = step
-            if wants_checkpoint(tc, step) or stop.requested or asked:
-                logger.sync()
-                checkpoint = save_state(out, step, state, cfg)
-                callbacks.checkpoint(checkpoint)
-            if stop.requested or asked:
-                break
-    stopped_by = stop.signal_name or ("health" if health.halt is not None and done < tc.max_steps else None) or (
-        "callback" if callbacks.stop_requested and done < tc.max_steps else None)
-    result = FlowResult(model, done, out, checkpoint, time.perf_counter() - start, stopped_by, stop.signum, record,
-                        held_out)
+            run.log(step, record)                                        # the first: trackers, begin_run
+            run.end_step(step)                                           # alerts, callbacks, checkpoint or stop
+    result = FlowResult(model, run.done, out, run.checkpoint, time.perf_counter() - start, run.stopped_by, run.signum,
+                        run.record, held_out)
     callbacks.train_end(result)
     return result
 

@@ -4,6 +4,7 @@ every run overlaid, the step-time split, and the alerts on a timeline."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 #: (title, y label, keys of one run's records -> the keys to draw). Several runs: every run's lines, one colour each.
@@ -61,6 +62,30 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
         acc = (acc + [v])[-window:]
         out.append(sum(acc) / len(acc))
     return out
+
+
+def panel_grid(records: list[dict[str, Any]], panels: Sequence[tuple[str, str]], out_png: str | Path,
+               window: int | None = None) -> Path:
+    """A 2x2 figure of four `panels` ((metric key, title) each) of one run's metrics `records`, written to
+    `out_png`: each key over the steps that have a value, as a faint line under its `window`-step moving average,
+    or without `window` as the line itself (points marked on the sparse eval/ keys)."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for ax, (key, title) in zip(axes.flat, panels):
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        if pts and window:
+            steps, vals = zip(*pts)
+            ax.plot(steps, vals, alpha=0.3, color="tab:blue")
+            ax.plot(steps, smooth(vals, window), color="tab:blue")
+        elif pts:
+            ax.plot(*zip(*pts), marker="." if key.startswith("eval/") else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return Path(out_png)
 
 
 def points(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:

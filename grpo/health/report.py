@@ -18,7 +18,9 @@ from typing import Any
 import yaml
 
 from grpo.config import Config, build_config, to_dict
+from grpo.config.variants import nested_saved
 from grpo.health.figures import PANELS, alert_timeline, curve_panel, time_split
+from grpo.health.monitor import HealthMonitor
 from grpo.state.metrics import ALERTS_FILE
 from grpo.state.resume_config import flat_config
 from grpo.state.samples import SAMPLES_FILE
@@ -57,10 +59,8 @@ def _json_file(path: Path) -> Any:
 
 def _replayed_alerts(records: list[dict[str, Any]], config: dict[str, Any] | None) -> list[dict[str, Any]]:
     """What the online monitor would have written, for a run without alerts.jsonl."""
-    from grpo.health.monitor import HealthMonitor
-
     try:
-        cfg = build_config(config or {})
+        cfg = build_config(nested_saved(config or {}))      # a run saved with flat variant keys: quietly nested
     except ValueError:
         cfg = Config()
     found = []

@@ -55,7 +55,14 @@ def _base(h: History, cfg: Config, key: str) -> float:
 
 
 def _level(value: float, warn: float, critical: float) -> str | None:
+    """The severity of `value` against its thresholds: None below `warn`, and for NaN (no data)."""
     return "critical" if value >= critical else "warn" if value >= warn else None
+
+
+def _windowed(h: History, key: str, window: int, warn: float, critical: float) -> tuple[float, str | None]:
+    """The mean of metric `key` over the last `window` steps (NaN without data) and its severity."""
+    mean = nanmean(h.last(key, window))
+    return mean, _level(mean, warn, critical)
 
 
 @rule("non_finite")
@@ -82,8 +89,8 @@ def non_finite(h: History, cfg: Config) -> Finding | None:
 @rule("dead_groups")
 def dead_groups(h: History, cfg: Config) -> Finding | None:
     """Mean share of groups whose rewards all tie (zero advantage, no gradient) over W20."""
-    share = nanmean(h.last("advantages/zero_std_frac", 20))
-    severity = _level(share, cfg.health.dead_groups_warn, cfg.health.dead_groups_critical) if share == share else None
+    share, severity = _windowed(h, "advantages/zero_std_frac", 20, cfg.health.dead_groups_warn,
+                                cfg.health.dead_groups_critical)
     if severity is None:
         return None
     name = main_reward(h)
@@ -185,8 +192,8 @@ def kl_blowup(h: History, cfg: Config) -> Finding | None:
 @rule("truncation")
 def truncation(h: History, cfg: Config) -> Finding | None:
     """Share of completions cut at rollout.max_new_tokens over W10."""
-    share = nanmean(h.last("completion/truncated_frac", 10))
-    severity = _level(share, cfg.health.truncation_warn, cfg.health.truncation_critical) if share == share else None
+    share, severity = _windowed(h, "completion/truncated_frac", 10, cfg.health.truncation_warn,
+                                cfg.health.truncation_critical)
     if severity is None:
         return None
     return _finding("truncation", severity, f"{share:.0%} of completions hit rollout.max_new_tokens "
@@ -211,10 +218,10 @@ def length_inflation(h: History, cfg: Config) -> Finding | None:
     why = (f"mean length {now:.1f} is {now / base:.1f}x its baseline and growing while the reward is not rising"
            if growing else f"length/reward correlation {corr:.2f} over the last 25 steps: the reward pays for length")
     return _finding("length_inflation", severity, why, "use algorithm.loss_agg_mode token-mean (dapo) or "
-                    "seq-mean-token-sum-norm (dr_grpo), GFPO (algorithm.gfpo_sample_size), or a length penalty "
+                    "seq-mean-token-sum-norm (dr_grpo), GFPO (algorithm.gfpo_filter.sample_size), or a length penalty "
                     "in reward.functions (cosine_length, soft_overlong); if longer answers are truly better "
                     "(worked solutions, tool calls), raise health.length_reward_corr",
-                    ("algorithm.loss_agg_mode", "algorithm.gfpo_sample_size", "reward.functions"),
+                    ("algorithm.loss_agg_mode", "algorithm.gfpo_filter", "reward.functions"),
                     now / base if growing else corr)
 
 
@@ -233,9 +240,8 @@ def length_collapse(h: History, cfg: Config) -> Finding | None:
 def clip_saturation(h: History, cfg: Config) -> Finding | None:
     """Share of tokens whose ratio was clipped over W10 (no gradient from them); info when clips are mostly low."""
     hc = cfg.health
-    clip = nanmean(h.last("policy/clip_frac", 10))
+    clip, severity = _windowed(h, "policy/clip_frac", 10, hc.clip_warn, hc.clip_critical)
     low, high = nanmean(h.last("policy/clip_low_frac", 10)), nanmean(h.last("policy/clip_high_frac", 10))
-    severity = _level(clip, hc.clip_warn, hc.clip_critical) if clip == clip else None
     skewed = low == low and high == high and low >= hc.clip_low_high_ratio * max(high, 1e-12)
     if severity is None and clip == clip and clip >= hc.clip_info and skewed:
         severity = "info"

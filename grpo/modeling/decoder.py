@@ -20,13 +20,14 @@ peft prompt learning): the caller then keeps the Hugging Face path.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
 
 import torch
 
-from grpo.modeling.cpu_kernels import PLAIN_LINEARS, can_prepack, linear
+from grpo.modeling.hooks import RolloutWeights, installed
 from grpo.modeling.precision import active_dtype, paused
 from grpo.modeling.rollout_weights import FusedLayer, fuse_projections, packed_head
 
@@ -125,7 +126,8 @@ class LeanDecoder:
         n_rows = batch * num_generations
         keys = cache.layers[0].keys
         lowp = active_dtype(prompt_mask.device)
-        pack = n_rows if can_prepack(keys.device, lowp or keys.dtype) else None  # CPU float32 / bf16: oneDNN-packed
+        weights = installed().rollout                   # the runtime's rollout hook (CPU: oneDNN / native packing)
+        pack = weights.pack_rows(keys.device, lowp or keys.dtype, n_rows)
         bias = keys.new_zeros(batch, prompt_len).masked_fill_(prompt_mask == 0, float("-inf"))  # [B, P]
         return StaticCache(
             prompt_keys=[layer.keys.transpose(2, 3).reshape(batch * kv, d, prompt_len) for layer in cache.layers],
@@ -139,8 +141,9 @@ class LeanDecoder:
             positions=prompt_mask.long().sum(dim=-1).repeat_interleave(num_generations),  # [N]
             num_generations=num_generations,
             num_kv_heads=kv,
-            fused=fuse_projections(self.model.model.layers, lowp, pack),
-            head=packed_head(self.model.lm_head, pack, lowp),
+            fused=fuse_projections(self.model.model.layers, lowp, pack, weights),
+            head=packed_head(self.model.lm_head, pack, lowp, weights),
+            weights=weights,
         )
 
     def step(self, cache: StaticCache, tokens: torch.Tensor) -> torch.Tensor:
@@ -159,22 +162,21 @@ class LeanDecoder:
             x = layer.input_layernorm(h)  # [n, D]
             h = h + self.attend(layer.self_attn, x if lowp is None else x.to(lowp), rope, cache, i)  # [n, D]
             x = layer.post_attention_layernorm(h)  # [n, D]
-            h = h + self.mlp(layer.mlp, x if lowp is None else x.to(lowp), cache.fused[i] if cache.fused else None)
+            h = h + self.mlp(layer.mlp, x if lowp is None else x.to(lowp), cache.fused[i] if cache.fused else None,
+                             cache.weights)
         cache.length, cache.positions = cache.length + 1, cache.positions + 1
         head, x = self.model.lm_head, inner.norm(h)
-        if cache.head is not None:  # this rollout's oneDNN-packed copy
-            return linear(x, cache.head, head.bias)  # [n, V]
-        if type(head) in PLAIN_LINEARS:  # through oneDNN like the projections: 2x MKL at 16 rows x 32k vocab
-            return linear(x, head.weight, head.bias)  # [n, V]
-        return head(x)  # [n, V] (LoRA-adapted or already oneDNN)
+        if cache.head is not None:  # this rollout's packed copy
+            return cache.weights.linear(x, cache.head, head.bias)  # [n, V]
+        return cache.weights.head(head, x)  # [n, V] (CPU: a plain head through oneDNN, 2x MKL at 16 rows x 32k vocab)
 
     @staticmethod
-    def mlp(mlp, x: torch.Tensor, fused: FusedLayer | None) -> torch.Tensor:
+    def mlp(mlp, x: torch.Tensor, fused: FusedLayer | None, weights: RolloutWeights) -> torch.Tensor:
         """down(act(gate(x)) * up(x)), gate and up as one GEMM when fused.  Shape: [n, D] -> [n, D]"""
         if fused is None:
             return mlp(x)  # [n, D]
-        gate, up = linear(x, fused.gate_up).chunk(2, dim=-1)  # [n, I] x 2
-        return linear(mlp.act_fn(gate) * up, fused.down, fused.down_bias)  # [n, D]
+        gate, up = weights.linear(x, fused.gate_up).chunk(2, dim=-1)  # [n, I] x 2
+        return weights.linear(mlp.act_fn(gate) * up, fused.down, fused.down_bias)  # [n, D]
 
     def attend(self, attn, x, rope, cache: StaticCache, i: int) -> torch.Tensor:
         """Layer ``i``'s self-attention for one new token per row; writes its k/v into the cache.
@@ -194,7 +196,7 @@ class LeanDecoder:
         n, kv, d = x.size(0), self.num_kv_heads, self.head_dim
         fused = cache.fused[i] if cache.fused else None
         if fused is not None:  # one GEMM for q, k and v
-            q, k, v = linear(x, fused.qkv, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)  # [n, H*d], [n, kv*d] x 2
+            q, k, v = cache.weights.linear(x, fused.qkv, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)  # [n, H*d], [n, kv*d] x 2
             q, k, v = q.view(n, self.num_heads, d), k.view(n, kv, d), v.view(n, kv, d)
         else:
             q = attn.q_proj(x).view(n, self.num_heads, d)  # [n, H, d]
@@ -204,7 +206,7 @@ class LeanDecoder:
             q, k = attn.q_norm(q), attn.k_norm(k)  # [n, H, d], [n, kv, d]
         with paused(x.device):
             out = self.cached_attention(q, k, v, rope, cache, i).view(n, -1)  # [n, H*d]
-        return attn.o_proj(out) if fused is None else linear(out, fused.o, fused.o_bias)  # [n, D]
+        return attn.o_proj(out) if fused is None else cache.weights.linear(out, fused.o, fused.o_bias)  # [n, D]
 
     @staticmethod
     def cached_attention(q, k, v, rope, cache: StaticCache, i: int) -> torch.Tensor:
@@ -251,7 +253,8 @@ class StaticCache:
     num_generations: int
     num_kv_heads: int
     fused: list[FusedLayer] | None = None  # this rollout's fused projections (small models)
-    head: torch.Tensor | None = None  # this rollout's oneDNN-packed LM head weight (CPU float32 / bf16)
+    head: torch.Tensor | None = None  # this rollout's packed LM head weight (CPU float32 / bf16)
+    weights: RolloutWeights = dataclasses.field(default_factory=RolloutWeights)  # how the packed copies multiply
     length: int = 0  # generated tokens cached so far
     compacted: bool = False  # some rows have left
 

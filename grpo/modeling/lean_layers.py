@@ -14,7 +14,7 @@ speed-neutral (docs/performance.md).
 Values equal the stock modules' up to float32 rounding (tested against float64). The lean path runs only
 where it is exact and plain: with autograd on, outside autocast, input and weights of one dtype, and
 for the MLP only when its three projections are bias-free ``nn.Linear`` layers (or oneDNN's
-:class:`grpo.modeling.cpu_kernels.DnnLinear`, whose GEMMs it keeps) with a SiLU activation. Anything else
+a runtime's class of the same math, whose GEMMs it keeps: grpo.modeling.hooks) with a SiLU activation. Anything else
 (LoRA adapters, ``train.precision`` bf16 / fp16, no-grad rollouts and reference passes) runs the stock
 forward. Device-agnostic: pure torch operations on the input's device.
 """
@@ -26,9 +26,9 @@ import types
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling import native_elementwise
-from grpo.modeling.cpu_kernels import PLAIN_LINEARS, DnnLinear, _dnn, _eligible, add_weight_grad_
-from grpo.modeling.grad_in_place import GradIntoLinear, accumulate_grad
+from grpo.modeling.precision import active_dtype
+from grpo.modeling.hooks import LayerGemm, grad_into, installed, layer_gemm, plain_linear
+from grpo.modeling.in_place import accumulate_grad
 
 #: RMSNorm classes whose forward is  weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype).
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "Qwen2MoeRMSNorm",
@@ -45,8 +45,9 @@ class RMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        if native_elementwise.applies(x, weight):                                # one pass (train.elementwise_kernel)
-            y, r = native_elementwise.rms_norm_forward(x, weight, eps)
+        ew = installed().elementwise                                            # one pass (cpu.elementwise_kernel)
+        if ew is not None and ew.applies(x, weight):
+            y, r = ew.rms_norm_forward(x, weight, eps)
             ctx.save_for_backward(x, weight, r)
             return y
         xf = x.float()
@@ -58,8 +59,9 @@ class RMSNormFn(torch.autograd.Function):
     def backward(ctx, gy: torch.Tensor):
         x, weight, r = ctx.saved_tensors
         gy = gy.contiguous()
-        if native_elementwise.applies(gy, x, weight):
-            gx, gw = native_elementwise.rms_norm_backward(gy, x, weight, r, *ctx.needs_input_grad[:2])
+        ew = installed().elementwise
+        if ew is not None and ew.applies(gy, x, weight):
+            gx, gw = ew.rms_norm_backward(gy, x, weight, r, *ctx.needs_input_grad[:2])
             return gx, gw, None
         h = x.float() * r                                                        # [..., H]
         gx = gw = None
@@ -71,9 +73,10 @@ class RMSNormFn(torch.autograd.Function):
         return gx, gw, None
 
 
-def _gemm(onednn: bool, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a b^T, by oneDNN when the layer was switched to it (`model.cpu_matmul`). Shape: a [M, K], b [N, K] -> [M, N]"""
-    return _dnn(a, b) if onednn else a @ b.t()
+def _gemm(gemm: LayerGemm | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a b^T, by the projections' own GEMMs when their class has them (grpo.modeling.hooks.layer_gemm: the CPU
+    runtime's oneDNN linear, `cpu.cpu_matmul`), else torch's. Shape: a [M, K], b [N, K] -> [M, N]"""
+    return gemm.mm(a, b) if gemm is not None else a @ b.t()
 
 
 class SwiGLUFn(torch.autograd.Function):
@@ -83,7 +86,7 @@ class SwiGLUFn(torch.autograd.Function):
     dx = dg Wg + du Wu, dWg = dg^T x, dWu = du^T x.
 
     `into`: the weight gradients are accumulated into ``.grad`` in place (the projections are
-    :class:`grpo.modeling.cpu_kernels.GradIntoLinear`, or oneDNN's DnnLinear with ``grad_into``, whose whole product
+    linears that say so, grpo.modeling.hooks.grad_into; with the class's own GEMMs their whole product
     becomes ``.grad`` or is added to it), autograd receives None for them. Returned to autograd instead, the oneDNN
     products raised the update's peak RSS by ~200 MiB on a 100.7M model at 32 new tokens (bench shapes, Zen 5).
 
@@ -91,14 +94,15 @@ class SwiGLUFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, onednn: bool,
+    def forward(ctx, x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, gemm: LayerGemm | None,
                 into: bool = False):
-        g, u = _gemm(onednn, x, wg), _gemm(onednn, x, wu)                        # [M, I]
+        g, u = _gemm(gemm, x, wg), _gemm(gemm, x, wu)                            # [M, I]
         ctx.save_for_backward(x, g, u, wg, wu, wd)
-        ctx.onednn, ctx.into = onednn, into
+        ctx.gemm, ctx.into = gemm, into
         ctx.params = (wg, wu, wd) if into else None  # the leaves themselves: saved tensors may come back as aliases
-        a = native_elementwise.swiglu_forward(g, u) if native_elementwise.applies(g, u) else F.silu(g).mul_(u)
-        return _gemm(onednn, a, wd)                                              # [M, H]
+        ew = installed().elementwise
+        a = ew.swiglu_forward(g, u) if ew is not None and ew.applies(g, u) else F.silu(g).mul_(u)
+        return _gemm(gemm, a, wd)                                                # [M, H]
 
     @staticmethod
     def _weight_grad(ctx, i: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
@@ -108,22 +112,22 @@ class SwiGLUFn(torch.autograd.Function):
         """
         if not ctx.needs_input_grad[i]:
             return None
-        if ctx.into and ctx.onednn:    # the native kernel, or oneDNN's whole product made .grad or added to it
-            add_weight_grad_(ctx.params[i - 1], a, b, whole=True)
+        if ctx.into and ctx.gemm is not None:    # the class's GEMMs: the whole product made .grad or added to it
+            ctx.gemm.add_weight_grad_(ctx.params[i - 1], a, b, whole=True)
             return None
         if ctx.into:
             accumulate_grad(ctx.params[i - 1], a.t(), b)
             return None
-        return _gemm(ctx.onednn, a.t(), b.t())
+        return _gemm(ctx.gemm, a.t(), b.t())
 
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         x, g, u, wg, wu, wd = ctx.saved_tensors
-        mm = ctx.onednn
+        mm, ew = ctx.gemm, installed().elementwise
         gy = gy.contiguous()
         ga = _gemm(mm, gy, wd.t())                                               # [M, I] = gy Wd
-        if native_elementwise.applies(g, u, ga):                                 # one pass (train.elementwise_kernel)
-            dg, du, a = native_elementwise.swiglu_backward_(g, u, ga)
+        if ew is not None and ew.applies(g, u, ga):                              # one pass (cpu.elementwise_kernel)
+            dg, du, a = ew.swiglu_backward_(g, u, ga)
             gwd = SwiGLUFn._weight_grad(ctx, 3, gy, a)                           # [H, I] = gy^T a
             del a
         else:
@@ -143,7 +147,7 @@ class SwiGLUFn(torch.autograd.Function):
 
 def _lean_on(x: torch.Tensor, *params: torch.Tensor) -> bool:
     """The lean path applies: autograd records this call, no autocast, one dtype for input and weights."""
-    return (torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
+    return (torch.is_grad_enabled() and active_dtype(x.device) is None
             and (x.requires_grad or any(p.requires_grad for p in params))
             and all(p.dtype == x.dtype for p in params) and x.numel() > 0)
 
@@ -160,16 +164,18 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     if not _lean_on(x, *weights):
         return type(self).forward(self, x)
     x2 = x.reshape(-1, x.shape[-1])
-    onednn = all(type(p) is DnnLinear for p in projections) and _eligible(x2, weights[0])
-    into = all((type(p) is GradIntoLinear or (type(p) is DnnLinear and p.grad_into)) and p.weight.is_leaf
-               for p in projections)
-    out = SwiGLUFn.apply(x2.contiguous() if onednn else x2, *weights, onednn, into)
+    gemm = layer_gemm(projections[0])                    # the projections' own GEMMs, when all three share them
+    if gemm is not None and (any(layer_gemm(p) is not gemm for p in projections) or not gemm.serves(x2, weights[0])):
+        gemm = None
+    into = all(grad_into(p) and p.weight.is_leaf for p in projections)
+    out = SwiGLUFn.apply(x2.contiguous() if gemm is not None else x2, *weights, gemm, into)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _is_swiglu(module: torch.nn.Module) -> bool:
+def is_swiglu(module: torch.nn.Module) -> bool:
+    """A gate/up/down MLP of bias-free plain linear layers (grpo.modeling.hooks.plain_linear) with a SiLU."""
     projections = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-    return (all(type(p) in PLAIN_LINEARS and p.bias is None for p in projections)
+    return (all(p is not None and plain_linear(p) and p.bias is None for p in projections)
             and type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"))
 
 
@@ -182,7 +188,7 @@ def use_lean_layers(model: torch.nn.Module, enabled: bool = True) -> int:
         lean = None
         if type(module).__name__ in RMS_NORMS and hasattr(module, "variance_epsilon"):
             lean = _norm_forward
-        elif _is_swiglu(module):
+        elif is_swiglu(module):
             lean = _mlp_forward
         if lean is None:
             continue
@@ -199,19 +205,3 @@ def lean_mlps(model: torch.nn.Module) -> int:
     """How many of `model`'s MLPs run the lean function (0: none, or `train.lean_layers` off)."""
     return sum(vars(m).get("forward") is not None and getattr(vars(m)["forward"], "__func__", None) is _mlp_forward
                for m in model.modules())
-
-
-def onednn_mlps(model: torch.nn.Module) -> bool:
-    """Whether `model` has SwiGLU MLPs whose three projections all run through oneDNN (`model.cpu_matmul` switched
-    them to DnnLinear): where `train.lean_layers` empty (auto) turns the lean layers on."""
-    return any(_is_swiglu(m) and all(type(getattr(m, n)) is DnnLinear for n in ("gate_proj", "up_proj", "down_proj"))
-               for m in model.modules())
-
-
-def resolve_lean_layers(setting: bool | None, model: torch.nn.Module, world_size: int = 1) -> bool:
-    """`train.lean_layers`: true / false as set; None (auto) = on in one process when :func:`onednn_mlps`. Measured on
-    an AMD EPYC Zen 5 (docs/performance.md): the update's forward+backward 5-7 % faster with lean layers at hidden
-    768-1024 (oneDNN products), 2-4 % slower at hidden 128-256; on hosts whose products are MKL's it was neutral."""
-    if setting is not None:
-        return bool(setting)
-    return world_size == 1 and onednn_mlps(model)

@@ -28,6 +28,7 @@ from grpo.modeling import fused_head
 from grpo.modeling.precision import cast_frozen_linears
 from grpo.modeling.decoder import positions_from_mask
 from grpo.modeling.shared_prompt import completion_hidden
+from grpo.types import HostView
 
 #: Default logits per chunk of the chunked path: 2**23 float32 values = 32 MiB (256 tokens at V = 32k).
 CHUNK_LOGITS = 2 ** 23
@@ -139,23 +140,31 @@ def split_model(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
     return backbone, head
 
 
+def kept_columns(host_mask: torch.Tensor, T: int) -> tuple[int, int]:
+    """(first, end) of the columns :func:`trim_padding` keeps, decided on the host mask.
+
+    Shape: host_mask [n, P + T] (CPU) -> two column indices
+    """
+    used = host_mask.bool().any(dim=0)                                      # [P + T]
+    P = host_mask.shape[1] - T
+    first = int(used[:P].long().argmax()) if bool(used[:P].any()) else P    # first real prompt column
+    kept_T = max(1, int(used[P:].nonzero().max()) + 1) if bool(used[P:].any()) else 1
+    return first, P + kept_T
+
+
 def trim_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 T: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+                 T: int, host_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Drop prompt columns that are padding in every row and completion columns likewise at the end.
 
     Left padding is excluded from attention and positions come from the mask, and no real token
     attends to a later column, so the real tokens' outputs do not change. At least one completion
-    column is kept.
+    column is kept. The columns are chosen on `host_mask` (the same mask on the CPU; None: `attention_mask`).
 
     Shape:
         [n, P + T] -> ids, mask: [n, P' + T'], T' <= T
     """
-    used = attention_mask.bool().any(dim=0)                                 # [P + T]
-    P = input_ids.shape[1] - T
-    first = int(used[:P].long().argmax()) if bool(used[:P].any()) else P    # first real prompt column
-    kept_T = max(1, int(used[P:].nonzero().max()) + 1) if bool(used[P:].any()) else 1
-    end = P + kept_T
-    return input_ids[:, first:end], attention_mask[:, first:end], kept_T
+    first, end = kept_columns(attention_mask if host_mask is None else host_mask, T)
+    return input_ids[:, first:end], attention_mask[:, first:end], end - input_ids.shape[1] + T
 
 
 def chunk_tokens(vocab_size: int, chunk_size: int = 0) -> int:
@@ -213,22 +222,30 @@ def scatter_rows(values: torch.Tensor, active: torch.Tensor, T: int) -> torch.Te
 
 def chunked_path(parts: tuple[torch.nn.Module, torch.nn.Module], input_ids: torch.Tensor,
                  attention_mask: torch.Tensor, T: int, temperature: float, with_entropy: bool,
-                 entropy_grad: bool, chunk_size: int = 0):
+                 entropy_grad: bool, chunk_size: int = 0, host: HostView | None = None):
     """Backbone on the trimmed batch (each distinct prompt once: :mod:`grpo.modeling.shared_prompt`), then the
-    LM head only on real completion tokens, in chunks.
+    LM head only on real completion tokens, in chunks. Which columns, prompts and tokens those are is decided on
+    `host` (the rows on the CPU; None: a copy of them, which on an accelerator is a device read).
 
     Shape:
         input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
     """
     backbone, head = parts
-    ids, mask, kept = trim_padding(input_ids, attention_mask, T)            # [n, P' + T']
-    hidden = completion_hidden(backbone, ids, mask, kept)                   # [n, T', H] predicts the T' tokens
+    host = HostView.of(input_ids, attention_mask) if host is None else host
+    first, end = kept_columns(host.attention_mask, T)
+    kept = end - input_ids.shape[1] + T
+    ids, mask = input_ids[:, first:end], attention_mask[:, first:end]      # [n, P' + T']
+    hidden = completion_hidden(backbone, ids, mask, kept,                   # [n, T', H] predicts the T' tokens
+                               host.input_ids[:, first:end], host.attention_mask[:, first:end])
     active = mask[:, -kept:].bool()                                         # [n, T']
+    at = host.attention_mask[:, end - kept:end].bool().reshape(-1).nonzero().squeeze(1)   # [M] real tokens, host
+    at = at.to(hidden.device)                                               # a copy to the device, not a read
     want_entropy = with_entropy or entropy_grad
     vocab = getattr(getattr(head, "weight", None), "shape", (0,))[0]
     step = chunk_tokens(vocab, chunk_size)
-    logp, ent = chunked_head(head, hidden[active], ids[:, -kept:][active], temperature, want_entropy, step)
-    if not active.any():                                                    # keep the graph connected
+    logp, ent = chunked_head(head, hidden.flatten(0, 1).index_select(0, at),   # [M, H], [M]
+                             ids[:, -kept:].reshape(-1).index_select(0, at), temperature, want_entropy, step)
+    if at.shape[0] == 0:                                                    # keep the graph connected
         logp = logp + hidden.sum() * 0.0
     entropy = None
     if want_entropy:
@@ -239,7 +256,8 @@ def chunked_path(parts: tuple[torch.nn.Module, torch.nn.Module], input_ids: torc
 def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_length: int, temperature: float = 1.0,
                         with_entropy: bool = False, entropy_grad: bool = False,
-                        chunk_size: int = 0, model_inputs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        chunk_size: int = 0, model_inputs: dict | None = None,
+                        host: HostView | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(o_t | q, o_<t) for the last `completion_length` tokens of each row.
 
     The logits are divided by the sampling temperature (as during rollout) when temperature > 0.
@@ -248,7 +266,8 @@ def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     number of tokens per LM-head chunk (0 = about 32 MiB of float32 logits per chunk). Positions
     whose attention mask is 0 (padding after EOS) get 0 on the chunked path. ``model_inputs`` (name ->
     [N, ...], a VLM's pixel_values) go to the model's own forward: rows with them take the logits path
-    (the chunked path's backbone and shared prompts know only token ids).
+    (the chunked path's backbone and shared prompts know only token ids). ``host``: the rows on the CPU
+    (grpo.types.HostView), where the chunked path decides what to trim and share.
 
     Shape:
         input_ids, attention_mask: [N, P + T]  ->  logp: [N, T], entropy: [N, T] or None
@@ -258,7 +277,7 @@ def completion_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attenti
         return logits_path(model, input_ids, attention_mask, completion_length, temperature, with_entropy,
                            entropy_grad, model_inputs)
     return chunked_path(parts, input_ids, attention_mask, completion_length, temperature, with_entropy,
-                        entropy_grad, chunk_size)
+                        entropy_grad, chunk_size, host)
 
 
 def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -273,7 +292,7 @@ def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
 def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    completion_length: int, temperature: float = 1.0, micro_batch_size: int = 0,
                    chunk_size: int = 0, max_tokens: int = 0, with_entropy: bool = False,
-                   model_inputs: dict | None = None):
+                   model_inputs: dict | None = None, host: HostView | None = None):
     """Log-probs without autograd (old policy, reference), micro-batch by micro-batch; with
     `with_entropy`, also the entropy of the policy at each completion token (same pass, same budget).
 
@@ -288,14 +307,16 @@ def fixed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     was_training = model.training
     model.eval()  # no dropout: old/ref log-probs must be deterministic
     n = input_ids.shape[0]
+    host = HostView.of(input_ids, attention_mask) if host is None else host     # the one device read of the pass
     out = torch.empty(n, completion_length, dtype=torch.float32, device=input_ids.device)
     ent = torch.empty_like(out) if with_entropy else None
     try:
         with cast_frozen_linears(model, input_ids.device):               # autocast: frozen weights cast once
-            for idx in bucketed_micro_batches(attention_mask, micro_batch_size, max_tokens):
+            for idx in bucketed_micro_batches(host.attention_mask, micro_batch_size, max_tokens):
                 logp, entropy = completion_logprobs(model, input_ids[idx], attention_mask[idx], completion_length,
                                                     temperature, chunk_size=chunk_size, with_entropy=with_entropy,
-                                                    model_inputs={k: v[idx] for k, v in (model_inputs or {}).items()})
+                                                    model_inputs={k: v[idx] for k, v in (model_inputs or {}).items()},
+                                                    host=host.rows(idx))
                 out[idx] = logp.float()
                 if with_entropy:
                     ent[idx] = entropy.float()

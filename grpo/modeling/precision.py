@@ -72,13 +72,18 @@ def rollout_autocast(device: torch.device, rollout: str, train: str):
 def active_dtype(device: torch.device) -> torch.dtype | None:
     """The dtype autocast currently casts to on `device`'s type, None when autocast is off there."""
     kind = torch.device(device).type
+    if not torch.amp.is_autocast_available(kind):              # meta (the stand-in accelerator): no autocast
+        return None
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 
 def paused(device: torch.device):
     """Autocast off on `device`'s type inside (the backward pass: PyTorch recommends running it outside
     autocast; each op's backward then uses the dtype its forward ran in). Its cache is kept."""
-    return torch.autocast(device_type=torch.device(device).type, enabled=False)
+    kind = torch.device(device).type
+    if not torch.amp.is_autocast_available(kind):              # meta: nothing to pause
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=kind, enabled=False)
 
 
 def _frozen_linear_params(model: torch.nn.Module):
@@ -141,9 +146,9 @@ def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
 
 @contextlib.contextmanager
 def cast_trainable_linears(model: torch.nn.Module, device: torch.device):
-    """Under autocast on `device`: each trainable float32 weight of `model`'s CPU-runtime linears (oneDNN's
-    grpo.modeling.cpu_kernels.DnnLinear, or aten's grpo.modeling.grad_in_place.GradIntoLinear with
-    `train.grad_in_place`) is cast to the autocast dtype once for the block, and their forward passes with
+    """Under autocast on `device`: each trainable float32 weight of `model`'s linears that take a once-per-update
+    cast (a ``cast_weight`` attribute: the CPU runtime's oneDNN grpo.cpu.kernels.DnnLinear, or aten's
+    grpo.cpu.grad_in_place.GradIntoLinear with `cpu.grad_in_place`) is cast to the autocast dtype once for the block, and their forward passes with
     autograd use that cast (the update's micro-batches, forward and recomputed).
 
     Autocast would cast each weight once too (it caches casts of trainable weights), but its cached cast
@@ -151,21 +156,20 @@ def cast_trainable_linears(model: torch.nn.Module, device: torch.device):
     gradient stays alive to the end of each backward pass; here each use is a new node and the gradient
     is converted and accumulated at once (measured on qwen2-100m: update peak -260 MiB, and not slower).
     Linears reading the same input (q / k / v, gate / up) share one cast of it, a new autograd node per
-    use as for the weights (:class:`grpo.modeling.grad_in_place.InputCasts`): autocast saves a copy per linear.
+    use as for the weights (:class:`grpo.modeling.in_place.InputCasts`): autocast saves a copy per linear.
     For GradIntoLinear (the aten linears, where oneDNN is no faster) this was measured on qwen2-100m and a 299.5M
     model, bf16 update, Intel Xeon host: see docs/performance.md. Other layers (``nn.Linear``, CUDA) keep
     autocast's cache. A no-op without autocast.
     """
-    from grpo.modeling.cpu_kernels import DnnLinear
-    from grpo.modeling.grad_in_place import GradIntoLinear, InputCasts
+    from grpo.modeling.in_place import InputCasts
 
     dtype = active_dtype(device)
-    cast: list[torch.nn.Linear] = []                        # DnnLinear and GradIntoLinear layers
+    cast: list[torch.nn.Linear] = []                        # the linears with a cast_weight slot
     copies: dict[int, torch.Tensor] = {}                    # the tied LM head / embedding matrix is cast once
     inputs = InputCasts()                                   # q / k / v (gate / up) share their input's cast
     if dtype is not None:
         for module in model.modules():
-            w = module.weight if isinstance(module, (DnnLinear, GradIntoLinear)) else None
+            w = module.weight if isinstance(module, torch.nn.Linear) and hasattr(module, "cast_weight") else None
             if w is None or not w.requires_grad or w.dtype != torch.float32 or type(w.data) is not torch.Tensor:
                 continue
             if id(w) not in copies:

@@ -56,11 +56,12 @@ class FrozenCopy:
             self.model, offload, offload_dir, sources=sources_by_name(self.model, originals))
 
     def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0,
-                 model_inputs=None):
-        """Shape: [N, P + T] -> [N, T]."""
+                 model_inputs=None, host=None):
+        """Shape: [N, P + T] -> [N, T]. `host`: the rows on the CPU (grpo.types.HostView; None: copied)."""
         with self.offloaded.resident() if self.offloaded is not None else contextlib.nullcontext():
             return fixed_logprobs(self.model, input_ids, attention_mask, completion_length, temperature,
-                                  micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs)
+                                  micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs,
+                                  host=host)
 
     def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
         if self.offloaded is not None:
@@ -75,11 +76,12 @@ class AdapterDisabled:
         self.policy = policy
 
     def logprobs(self, input_ids, attention_mask, completion_length, temperature, micro_batch_size=0, max_tokens=0,
-                 model_inputs=None):
-        """Shape: [N, P + T] -> [N, T]."""
+                 model_inputs=None, host=None):
+        """Shape: [N, P + T] -> [N, T]. `host`: the rows on the CPU (grpo.types.HostView; None: copied)."""
         with self.policy.disable_adapter():
             return fixed_logprobs(self.policy, input_ids, attention_mask, completion_length, temperature,
-                                  micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs)
+                                  micro_batch_size, max_tokens=max_tokens, model_inputs=model_inputs,
+                                  host=host)
 
     def refresh(self, policy: torch.nn.Module, alpha: float) -> None:
         raise ValueError("algorithm.ref_update_steps needs full fine-tuning: with LoRA the reference is "

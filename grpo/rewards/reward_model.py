@@ -27,18 +27,13 @@ from typing import Callable
 import torch
 
 from grpo.modeling.models import load_tokenizer, resolve_dtype
+from grpo.rewards.calling import RewardError
 from grpo.rewards.text import as_text
 
 #: Texts scored per forward pass.
 RM_BATCH_SIZE = 8
 #: Used when neither the tokenizer nor the config gives a usable maximum length.
 FALLBACK_MAX_LENGTH = 2048
-
-
-def _error(message: str) -> Exception:
-    from grpo.rewards import RewardError  # late: grpo.rewards imports this module lazily
-
-    return RewardError(message)
 
 
 def is_reward_model_dir(path: str | Path) -> bool:
@@ -68,7 +63,7 @@ def reward_text(tokenizer, prompt, completion) -> tuple[str, bool]:
     if isinstance(prompt, str):
         return prompt + as_text(completion), True
     if not getattr(tokenizer, "chat_template", None):
-        raise _error("reward model tokenizer has no chat template, but the prompt is a conversation")
+        raise RewardError("reward model tokenizer has no chat template, but the prompt is a conversation")
     reply = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
     return tokenizer.apply_chat_template(list(prompt) + reply, tokenize=False), False
 
@@ -130,17 +125,17 @@ def load_reward_model(path: str | Path, batch_size: int = RM_BATCH_SIZE, dtype: 
 
     directory = Path(path).expanduser().resolve()
     if not (directory / "config.json").is_file():
-        raise _error(f"reward model directory has no config.json: {directory}")
+        raise RewardError(f"reward model directory has no config.json: {directory}")
     if not is_reward_model_dir(directory):
-        raise _error(f"{directory} is not a sequence-classification reward model "
+        raise RewardError(f"{directory} is not a sequence-classification reward model "
                      "(config.json architectures must end in ForSequenceClassification)")
     config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
     if config.num_labels != 1:
-        raise _error(f"reward model {directory} has num_labels={config.num_labels}; a reward model needs exactly 1")
+        raise RewardError(f"reward model {directory} has num_labels={config.num_labels}; a reward model needs exactly 1")
     try:
         tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        raise _error(f"reward model {directory}: {e}") from None
+        raise RewardError(f"reward model {directory}: {e}") from None
     model = AutoModelForSequenceClassification.from_pretrained(
         str(directory), dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
     if model.config.pad_token_id is None:  # the head finds each row's last token through the pad id
@@ -169,17 +164,17 @@ def wrap_reward_model(model, tokenizer=None, batch_size: int = RM_BATCH_SIZE) ->
     """``("rm:<name>", RewardModel)`` for a loaded sequence classifier, as TRL takes one in reward_funcs; its
     tokenizer is `tokenizer` (TRL's reward_processing_classes) or the one saved in the model's directory."""
     if model.config.num_labels != 1:
-        raise _error(f"reward model {type(model).__name__} has num_labels={model.config.num_labels}; a reward "
+        raise RewardError(f"reward model {type(model).__name__} has num_labels={model.config.num_labels}; a reward "
                      "model needs exactly 1")
     source = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
     if tokenizer is None:
         if not source or not Path(source).is_dir():
-            raise _error(f"reward model {type(model).__name__}: no tokenizer given and none saved beside it "
+            raise RewardError(f"reward model {type(model).__name__}: no tokenizer given and none saved beside it "
                          f"({source or 'no directory'}); pass reward_processing_classes=")
         try:
             tokenizer = load_tokenizer(Path(source))
         except (OSError, ValueError) as e:
-            raise _error(f"reward model {source}: {e}") from None
+            raise RewardError(f"reward model {source}: {e}") from None
     if model.config.pad_token_id is None:  # the head finds each row's last token through the pad id
         model.config.pad_token_id = tokenizer.pad_token_id
     return f"rm:{Path(source).name if source else type(model).__name__}", RewardModel(model, tokenizer, batch_size)

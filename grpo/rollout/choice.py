@@ -91,7 +91,7 @@ def draw(probs: torch.Tensor, uniforms: torch.Tensor, cdf_out: torch.Tensor | No
 class Scratch:
     """The [n, V] buffers of one rollout's token choices (log-probs, probabilities, float64 CDF), made at the first
     step's row count and viewed at fewer rows as rows finish: a decode step otherwise allocates ~14 MiB of new
-    tensors at 16 rows x 32k vocabulary, fresh pages from the kernel each time at `train.mmap_threshold_mb` 1
+    tensors at 16 rows x 32k vocabulary, fresh pages from the kernel each time at `cpu.mmap_threshold_mb` 1
     (measured on qwen2 768x12: 0.1-0.3 s of a 1-1.7 s, 32-token rollout in exp, cumsum and copies)."""
 
     def __init__(self):

@@ -1,12 +1,13 @@
 """Multi-turn rollouts: the model generates, a driver (tools, an environment) answers with observation
-tokens, the model continues, in one decode loop over all G x B episodes.
+tokens, the model continues, in one decode loop over all G x B episodes: the loop of single-turn sampling
+(grpo.rollout.sampler.decode_rows) with :class:`DriverEnds` deciding where rows end.
 
     prompt -> prefill once -> per step, each running row either
         samples its next token (a model token: action mask 1), or
         is fed the next token of its pending observation (a forced token: action mask 0)
     -> after each sampled token the driver may end the turn (a tool call closed: observation tokens to
-       feed, or the episode is over); an EOS (any id of `eos_token_id`) ends an episode; `max_new_tokens`
-       caps all tokens of it
+       feed, or the episode is over); an EOS (any id of `params.stop_token_ids`) ends an episode;
+       `params.max_tokens` caps all tokens of it
 
 The KV cache is the one of :func:`grpo.rollout.sampler.prefill_shared` for the whole episode: an
 observation is fed token by token through the same cache as the model's own tokens, so no turn
@@ -21,12 +22,12 @@ The driver (grpo/envs/agent.py builds one) is any object with
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
-from grpo.rollout.eos import as_id_list
-from grpo.rollout.sampler import choose_tokens, sampling_mode, start_rows, step_uniforms
+from grpo.rollout.params import Prompts, SamplingParams
+from grpo.rollout.sampler import decode_rows
 from grpo.types import Generation
 
 
@@ -36,100 +37,87 @@ class Driver(Protocol):
     def finish(self, row: int, ended_by_eos: bool) -> None: ...
 
 
-@torch.no_grad()
-def sample_episodes(
-    model,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    driver: Driver,
-    *,
-    num_generations: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    min_p: float = 0.0,
-    eos_token_id: int | Sequence[int],
-    pad_token_id: int,
-    seed: int = 0,
-    prompt_index: torch.Tensor | None = None,
-    lean: bool = True,
-) -> Generation:
-    """G episodes per left-padded prompt; row ``i * G + g`` is episode ``g`` of prompt ``i``.
+class DriverEnds:
+    """Episode rows (grpo.rollout.sampler.Ends): a row's pending observation tokens replace its draws, the driver
+    sees every sampled token (on the host: one sync per step) and ends a turn or the episode; a stop token ends
+    the episode."""
+
+    forces = True
+
+    def __init__(self, driver: Driver, stop_token_ids):
+        self.driver = driver
+        self.eos = set(stop_token_ids)             # the ids that end an episode, for the host loop
+        self.pending: dict[int, list[int]] = {}     # row -> observation tokens still to feed
+
+    def start(self, n_rows: int, device) -> None:
+        self.ended_by_eos = [False] * n_rows       # host-side: settle() syncs once per token
+
+    def force(self, running: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+        """Observation tokens replace the draw, log-prob 0.  Shape: running, tokens, logprobs [n] -> [n] long"""
+        self.rows = running.tolist()
+        self.forced = [i for i, r in enumerate(self.rows) if self.pending.get(r)]
+        is_action = torch.ones_like(tokens)
+        if self.forced:
+            at = torch.tensor(self.forced, dtype=torch.long, device=tokens.device)
+            tokens[at] = torch.tensor([self.pending[self.rows[i]].pop(0) for i in self.forced], dtype=torch.long,
+                                      device=tokens.device)
+            logprobs[at] = 0.0
+            is_action[at] = 0
+        return is_action
+
+    def settle(self, running: torch.Tensor, tokens: torch.Tensor, last: bool):
+        rows, driver = self.rows, self.driver
+        keep = [True] * len(rows)
+        was_forced = set(self.forced)
+        for i, (r, t) in enumerate(zip(rows, tokens.tolist())):
+            if i in was_forced:
+                continue
+            if t in self.eos:
+                keep[i], self.ended_by_eos[r] = False, True
+                driver.finish(r, True)
+                continue
+            obs, done = driver.after_token(r, t)
+            if done:
+                keep[i] = False
+                driver.finish(r, False)
+            elif obs:
+                self.pending[r] = list(obs)
+        if last or not any(keep):
+            for i, r in enumerate(rows):
+                if keep[i]:
+                    driver.finish(r, False)                # cut by the token cap
+            return True, None
+        if all(keep):
+            return False, None
+        return False, torch.tensor([i for i, k in enumerate(keep) if k], dtype=torch.long, device=tokens.device)
+
+
+def sample_episodes(model, prompts: Prompts, params: SamplingParams, driver: Driver, *, pad_token_id: int,
+                    lean: bool = True) -> Generation:
+    """G = ``params.n`` episodes per left-padded prompt; row ``i * G + g`` is episode ``g`` of prompt ``i``: the
+    decode loop of grpo/rollout/sampler.py with rows whose ends the driver decides (:class:`DriverEnds`).
 
     Returns a Generation whose completion holds every token after the prompt (the model's and the
     observations'), ``completion_mask`` 1 on all of them (they are context), ``action_mask`` 1 on the
     model's tokens only (what the loss and the KL see), ``sampling_logprobs`` 0 on observation tokens
-    and ``truncated`` True for an episode that hit ``max_new_tokens`` or was ended by the driver
-    without an EOS. ``eos_token_id``: one id or several (grpo.rollout.eos.eos_token_ids); any of them ends an
-    episode.
+    and ``truncated`` True for an episode that hit ``params.max_tokens`` or was ended by the driver
+    without a stop token. ``params.stop_token_ids``: any of them ends an episode (grpo.rollout.eos.eos_token_ids).
 
     Shape:
-        prompt_ids, prompt_mask: [B, P], prompt_index: [B] -> Generation with N = B * num_generations rows
+        prompts.ids, prompts.mask: [B, P], prompts.index: [B] -> Generation with N = B * params.n rows
     """
-    with sampling_mode(model) as device:
-        prompt_ids, prompt_mask, logits, decoding, running, keys = start_rows(
-            model, prompt_ids, prompt_mask, num_generations, max_new_tokens, seed, prompt_index, lean, device)
-        n_rows = running.numel()
-        block = None
-        completion_ids = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)  # [N, max_new]
-        action = torch.zeros(n_rows, max_new_tokens, dtype=torch.long, device=device)     # [N, max_new]
-        pending: dict[int, list[int]] = {}          # row -> observation tokens still to feed
-        ended_by_eos = [False] * n_rows             # host-side: the loop below syncs once per token
-        eos = set(as_id_list(eos_token_id))          # the ids that end an episode, for that host loop
-        steps = 0
-        for step in range(max_new_tokens):
-            block, uniforms = step_uniforms(keys, step, block, temperature)  # [n]
-            tokens, token_logprobs = choose_tokens(logits, temperature, top_k, top_p, uniforms, min_p=min_p)  # [n], [n]
-            rows = running.tolist()
-            forced = [i for i, r in enumerate(rows) if pending.get(r)]
-            is_action = torch.ones_like(tokens)
-            if forced:                                 # observation tokens replace the draw, log-prob 0
-                at = torch.tensor(forced, dtype=torch.long, device=device)
-                tokens[at] = torch.tensor([pending[rows[i]].pop(0) for i in forced], dtype=torch.long, device=device)
-                token_logprobs[at] = 0.0
-                is_action[at] = 0
-            completion_ids[running, step] = tokens
-            logprobs[running, step] = token_logprobs
-            action[running, step] = is_action
-            steps = step + 1
-            keep = [True] * len(rows)
-            was_forced = set(forced)
-            for i, (r, t) in enumerate(zip(rows, tokens.tolist())):
-                if i in was_forced:
-                    continue
-                if t in eos:
-                    keep[i], ended_by_eos[r] = False, True
-                    driver.finish(r, True)
-                    continue
-                obs, done = driver.after_token(r, t)
-                if done:
-                    keep[i] = False
-                    driver.finish(r, False)
-                elif obs:
-                    pending[r] = list(obs)
-            if steps == max_new_tokens or not any(keep):
-                for i, r in enumerate(rows):
-                    if keep[i]:
-                        driver.finish(r, False)                # cut by the token cap
-                break
-            if not all(keep):
-                kept = torch.tensor([i for i, k in enumerate(keep) if k], dtype=torch.long, device=device)  # [n']
-                decoding.select(kept)
-                running, tokens, keys = running[kept], tokens[kept], keys[kept]
-                block = block[kept] if block is not None else None
-            logits = decoding.step(tokens)  # [n, V]
-
-    completion_ids, action = completion_ids[:, :steps], action[:, :steps]  # [N, T]
+    G, ends = params.n, DriverEnds(driver, params.stop_token_ids)
+    out = decode_rows(model, prompts, params, ends, pad_token_id=pad_token_id, lean=lean)
+    completion_ids, action = out.completion_ids, out.action                 # [N, T]
     written = written_mask(action)                                           # [N, T]
+    device = out.prompt_ids.device
     return Generation(
-        prompt_ids=prompt_ids.repeat_interleave(num_generations, dim=0),  # [N, P]
-        prompt_mask=prompt_mask.repeat_interleave(num_generations, dim=0),  # [N, P]
+        prompt_ids=out.prompt_ids.repeat_interleave(G, dim=0),  # [N, P]
+        prompt_mask=out.prompt_mask.repeat_interleave(G, dim=0),  # [N, P]
         completion_ids=torch.where(written.bool(), completion_ids, torch.full_like(completion_ids, pad_token_id)),
         completion_mask=written,
-        sampling_logprobs=logprobs[:, :steps] * action,  # [N, T]
-        truncated=~torch.tensor(ended_by_eos, dtype=torch.bool, device=device),  # [N]
+        sampling_logprobs=out.logprobs * action,  # [N, T]
+        truncated=~torch.tensor(ends.ended_by_eos, dtype=torch.bool, device=device),  # [N]
         action_mask=action * written,  # [N, T]
     )
 

@@ -8,7 +8,7 @@ the engine's own sampling is batch-invariant (the native engine always is: grpo/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -44,6 +44,22 @@ class SamplingParams:
 
     def with_(self, **changes) -> "SamplingParams":
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The left-padded prompts of one request and the keys of their sampling.
+
+    ids, mask:    [B, P] long, left-padded, mask 1 on real tokens.
+    index:        [B] long, each prompt's global position in the run's prompt order: with the seed it keys the
+                  prompt's draws (grpo/rollout/keyed.py); None = 0 .. B-1.
+    model_inputs: name -> [B, ...], extra forward inputs of the prompts (a VLM's pixel_values).
+    """
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    index: torch.Tensor | None = None
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def rollout_params(ro, stop_token_ids: Sequence[int], seed: int, n: int | None = None) -> SamplingParams:

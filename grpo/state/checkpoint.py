@@ -33,6 +33,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from grpo.accelerator import accelerator
 from grpo.events import emit
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -149,7 +150,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 def cuda_rng_state() -> torch.Tensor | None:
     """The current CUDA device's generator state, or None where CUDA was never initialised (a CPU run does not
     initialise it to save this; each process restores its own device's state, whatever the GPU count)."""
-    return torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return accelerator("cuda").get_rng_state()
 
 
 def rng_state(sample_generator: torch.Generator | None = None, stream_state: Any = None) -> dict[str, Any]:
@@ -172,11 +173,12 @@ def restore_rng(state: dict[str, Any], sample_generator: torch.Generator | None 
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
+    gpu = accelerator("cuda")
     if isinstance(cuda, list):            # checkpoints before 2026-11-27: one state per visible GPU
-        cuda = cuda[torch.cuda.current_device()] if cuda and torch.cuda.is_available() and \
-            torch.cuda.current_device() < len(cuda) else None
-    if isinstance(cuda, torch.Tensor) and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda)
+        index = gpu.current_device().index if cuda and gpu.is_available() else None
+        cuda = cuda[index] if index is not None and index < len(cuda) else None
+    if isinstance(cuda, torch.Tensor) and gpu.is_available():
+        gpu.set_rng_state(cuda)
     if sample_generator is not None and state.get("sampler") is not None:
         sample_generator.set_state(state["sampler"])
 

@@ -61,7 +61,7 @@ def step_metrics(step: int, exp: StepSummary, u: dict[str, float], times: dict[s
         "kl/mean": u["kl"], "policy/clip_frac": u["clip_fraction"], "policy/entropy": u["entropy"],
         "policy/clip_high_frac": u["clip_high_fraction"], "policy/clip_low_frac": u["clip_fraction"] - u["clip_high_fraction"],
         "rollout/logprob_diff": exp.metrics.get("rollout/logprob_diff", u["rollout_logprob_diff"]),
-        "rollout/logp_diff": exp.metrics.get("rollout/logprob_diff", u["rollout_logprob_diff"]),  # issue 21's name
+        "rollout/logp_diff": exp.metrics.get("rollout/logprob_diff", u["rollout_logprob_diff"]),  # alias of the same value
         "optim/grad_norm": u["grad_norm"], "optim/lr": u["lr"], "optim/skipped_steps": u["skipped"],
         "time/step_s": times["step_s"], "time/rollout_s": exp.sample_s, "time/experience_s": times["experience_s"],
         "time/update_s": times["update_s"],

@@ -34,7 +34,7 @@ from grpo.config import Config, ConfigError, to_dict
 from grpo.state.metrics import ALERTS_FILE, truncate_metrics
 from grpo.state.samples import SAMPLES_FILE
 from grpo.types import TrainState  # noqa: F401  (what a checkpoint captures)
-from grpo.state.resume_config import apply_optimizer_settings, refuse_changes
+from grpo.state.resume_config import apply_optimizer_settings, flat_config, refuse_changes
 
 log = logging.getLogger(__name__)
 
@@ -195,15 +195,9 @@ def restore(state: TrainState, ckpt: Checkpoint, cfg: Config) -> None:
     restore_rng(ckpt.rng)                 # sampling is keyed by (seed, stream position): nothing more to restore
 
 
-def _flat(tree: dict[str, Any]) -> dict[str, Any]:
-    """{'train': {'seed': 0}} -> {'train.seed': 0} (sections only; dict values stay whole)."""
-    return {f"{section}.{key}": value for section, values in tree.items() if isinstance(values, dict)
-            for key, value in values.items()}
-
-
 def config_changes(saved: dict[str, Any], cfg: Config) -> list[str]:
     """`key: old -> new` for every config value that differs from the checkpoint's (neutral keys aside)."""
-    old, new = _flat(saved), _flat(json.loads(json.dumps(to_dict(cfg), default=str)))
+    old, new = flat_config(saved), flat_config(to_dict(cfg))     # older runs' flat variant keys nested
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
             if k not in NEUTRAL_KEYS and old.get(k) != new.get(k)]
 
@@ -221,7 +215,7 @@ def check_resumable(ckpt: Checkpoint, cfg: Config) -> None:
     threads = ckpt.trainer_state.get("num_threads")
     if threads and threads != torch.get_num_threads():
         log.warning("warning: %s was written with %s torch threads, this run uses %s: results may differ in the "
-                    "last bits (set train.num_threads)", ckpt.path.name, threads, torch.get_num_threads())
+                    "last bits (set cpu.num_threads)", ckpt.path.name, threads, torch.get_num_threads())
 
 
 def set_aside(path: Path) -> Path:

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo.config import Config, ConfigError, to_dict
+from grpo.config.aliases import rewrite_tree
+from grpo.config.variants import nested_saved
 
 #: Keys whose change cannot apply to a checkpoint, with the reason.
 REFUSED: dict[str, str] = {
@@ -46,8 +48,10 @@ NO_ADAPTER_KEYS = ("lora.r", "lora.alpha", "lora.target_modules")
 
 
 def flat_config(tree: dict[str, Any]) -> dict[str, Any]:
-    """{'train': {'seed': 0}} -> {'train.seed': 0}, JSON-normalised (tuples as lists) like a saved config."""
-    tree = json.loads(json.dumps(tree, default=str))
+    """{'train': {'seed': 0}} -> {'train.seed': 0}, JSON-normalised (tuples as lists) like a saved config; the
+    variant keys nested (`algorithm.policy_loss: {name, ...}`) whether saved flat (older runs) or nested; the CPU
+    runtime's keys under `cpu` whether saved under their old names (train.num_threads, ...) or not."""
+    tree = rewrite_tree(nested_saved(json.loads(json.dumps(tree, default=str))), quiet=True)
     return {f"{section}.{key}": value for section, values in tree.items() if isinstance(values, dict)
             for key, value in values.items()}
 

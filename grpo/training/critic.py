@@ -3,7 +3,7 @@
 A value head on the policy: V(q) = w . sg[h(q)] + b, with h(q) the policy's last hidden state at the
 last prompt token, from one no-grad forward over the B prompts of the step (not the B * G completions).
 The trunk is shared and detached: the value loss trains the head only, with its own AdamW
-(`algorithm.value_lr`, `algorithm.value_steps` full-batch steps after every RL step), so the policy's
+(`algorithm.critic.lr`, `algorithm.critic.steps` full-batch steps after every RL step), so the policy's
 update is untouched. The head and its optimizer are one checkpoint file (`value_head.pt`) through the
 loop's extras protocol (after_step / save / load), so a resume continues it exactly. Single process only.
 """
@@ -37,10 +37,10 @@ class PromptCritic:
     FILE = "value_head.pt"
 
     def __init__(self, hidden_size: int, cfg: Config, device: torch.device):
-        algo = cfg.algorithm
+        p = cfg.algorithm.critic.params                                     # ValueHeadParams: alpha, lr, steps
         self.head = ValueHead(hidden_size, device)
-        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=algo.value_lr, weight_decay=0.0)
-        self.alpha, self.steps, self.group_size = algo.hybrid_alpha, algo.value_steps, cfg.rollout.num_generations
+        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=p.lr, weight_decay=0.0)
+        self.alpha, self.steps, self.group_size = p.alpha, p.steps, cfg.rollout.num_generations
         self._features: torch.Tensor | None = None                                    # [B, H] of this step
 
     def estimator(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
@@ -82,7 +82,7 @@ class PromptCritic:
 
 def build_critics(cfg: Config, model: torch.nn.Module) -> list[PromptCritic]:
     """`algorithm.critic`: none | value_head (on the policy's hidden size and device)."""
-    if cfg.algorithm.critic == "none":
+    if cfg.algorithm.critic.name == "none":
         return []
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("algorithm.critic runs in a single process only (the value head is outside DDP / FSDP2)")

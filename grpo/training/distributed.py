@@ -13,8 +13,9 @@ runs exactly the single-process code. With WORLD_SIZE > 1 (set by torchrun):
 * rewards, metrics and token counts are reduced globally; rank 0 writes metrics and checkpoints
   (a checkpoint holds the full weights and optimizer state and resumes on any number of ranks).
 
-Batch-statistics advantages (reinforce_pp, scale_rewards=batch), dynamic sampling and top-entropy token
-selection need the whole batch on one process: they are single-process only for now (ConfigError).
+Batch-statistics advantages (algorithm.advantage reinforce_pp, grpo with scale_rewards batch), dynamic sampling
+and top-entropy token selection need the whole batch on one process: they are single-process only for now
+(ConfigError).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from grpo.accelerator import accelerator
 from grpo.config import Config, ConfigError
 from grpo.modeling.logprobs import completion_logprobs
 
@@ -71,7 +73,7 @@ def all_reduce_sum(values):
 def collective_device() -> torch.device:
     """Where tensors handed to a collective must live: the current CUDA device under NCCL, else the CPU."""
     if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        return accelerator("cuda").current_device()
     return torch.device("cpu")
 
 
@@ -93,8 +95,8 @@ def check_config(cfg: Config, world: int) -> None:
     tc, algo = cfg.train, cfg.algorithm
     if tc.prompts_per_step % world:
         raise ConfigError(f"train.prompts_per_step={tc.prompts_per_step} must be divisible by the world size {world}")
-    if algo.advantage_estimator == "reinforce_pp" or algo.scale_rewards == "batch":
-        raise ConfigError("algorithm.advantage_estimator=reinforce_pp and algorithm.scale_rewards=batch use batch "
+    if algo.advantage == "reinforce_pp" or getattr(algo.advantage.params, "scale_rewards", None) == "batch":
+        raise ConfigError("algorithm.advantage reinforce_pp and algorithm.advantage.scale_rewards batch use batch "
                           "statistics: single-process only for now")
     if algo.dynamic_sampling:
         raise ConfigError("algorithm.dynamic_sampling is single-process only for now")
@@ -143,9 +145,10 @@ class LogprobForward(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, T: int, temperature: float, with_entropy: bool,
-                entropy_grad: bool, chunk_size: int, model_inputs=None):
+                entropy_grad: bool, chunk_size: int, model_inputs=None, host=None):
         return completion_logprobs(self.model, input_ids, attention_mask, T, temperature, with_entropy=with_entropy,
-                                   entropy_grad=entropy_grad, chunk_size=chunk_size, model_inputs=model_inputs)
+                                   entropy_grad=entropy_grad, chunk_size=chunk_size, model_inputs=model_inputs,
+                                   host=host)
 
 
 class FrozenOptimizerState:
@@ -173,12 +176,13 @@ class Parallel:
 
     # ---- the update
     def forward(self, input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size,
-                model_inputs=None):
+                model_inputs=None, host=None):
         return self.wrapped(input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size,
-                            model_inputs=model_inputs)
+                            model_inputs=model_inputs, host=host)   # host: a plain object, left on the CPU
 
-    def reduce(self, values: list[float]) -> list[float]:
-        return all_reduce_sum(values)
+    def reduce(self, sums: torch.Tensor) -> torch.Tensor:
+        """The step's statistics (float64, on the device) summed over ranks, on the device: no host read."""
+        return all_reduce_sum(sums)
 
     def match_micro_batches(self, buckets: list) -> list:
         """The same number of micro-batches on every rank (FSDP2 reduce-scatters after each backward):
@@ -200,18 +204,19 @@ class Parallel:
 
     def normalizer(self, agg, mask: torch.Tensor, L: int) -> float:
         """The aggregation's normaliser over the GLOBAL step mask (all ranks' rows)."""
-        masks = all_gather_object(mask.detach().to("cpu", torch.bool))
+        masks = all_gather_object(mask.detach().to("cpu", torch.bool))    # `mask`: the host view's (no device read)
         width = max(m.shape[1] for m in masks)
         full = torch.cat([torch.nn.functional.pad(m, (0, width - m.shape[1])) for m in masks]).to(mask.dtype)
         return agg.normalizer(full, L)
 
-    def clip_grad_norm(self, params, max_norm: float) -> float:
+    def clip_grad_norm(self, params, max_norm: float) -> torch.Tensor:
+        """The global gradient norm (FSDP2: over every shard), on the device, after clipping to it."""
         grads = [p.grad for p in params if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads)
         if hasattr(total, "full_tensor"):
             total = total.full_tensor()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return float(total)
+        return total
 
     # ---- the trainer
     def prepare(self, state, cfg: Config) -> None:

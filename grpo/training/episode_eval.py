@@ -1,9 +1,9 @@
 """Evaluation of multi-turn episodes (docs/agents.md): each held-out row played once in a fresh environment,
-greedy by default, scored by the run's reward functions on the episode's messages."""
+greedy by default, scored by the run's reward functions on the episode's messages. The play and the summary
+of grpo.training.evaluate.evaluate, the one evaluation."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -11,7 +11,53 @@ import torch
 from grpo.config import Config
 from grpo.data.prompts import tokenize_prompts
 from grpo.envs.episodes import play_episodes
-from grpo.rewards import score
+from grpo.rollout.eos import eos_token_ids
+from grpo.rollout.engines.native import NativeEngine
+from grpo.rollout.params import Prompts, rollout_params
+from grpo.training.evaluate import Played, evaluate
+
+
+class Episodes:
+    """The episode play: each row of a chunk played once in a fresh environment of `env` (rollout settings of
+    `cfg`, the temperature of the evaluation); the rewards get the episode's messages and reward.weights."""
+
+    def __init__(self, env, cfg: Config) -> None:
+        self.env, self.cfg = env, cfg
+
+    def __call__(self, model, tokenizer, rows: list[dict[str, Any]], start: int, *, temperature: float,
+                 **_: Any) -> Played:
+        cfg = self.cfg
+        device = next(model.parameters()).device
+        params = rollout_params(cfg.rollout, eos_token_ids(tokenizer, model), cfg.train.seed, n=1).with_(
+            temperature=temperature)                                   # the evaluation's (greedy by default)
+        batch = tokenize_prompts(tokenizer, rows, device)
+        index = torch.arange(start, start + len(rows), dtype=torch.long, device=device)          # [B] global rows
+        eps = play_episodes(NativeEngine(model, tokenizer.pad_token_id), tokenizer, rows,
+                            Prompts(batch.prompt_ids, batch.prompt_mask, index), self.env, params, cfg.rollout)
+        totals = {"tool_use": eps.metrics["tools/use_rate"] * len(rows),
+                  "tool_calls": eps.metrics["tools/calls_per_episode"] * len(rows),
+                  "tool_errors": eps.metrics["tools/errors"],
+                  "episode_length": float(eps.gen.completion_mask.sum())}
+        return Played(start, rows, batch.prompts, eps.messages, {**batch.columns, **eps.columns}, eps.gen,
+                      weights=cfg.reward.weights, totals=totals)
+
+
+class EpisodeMeans:
+    """Per row: every reward function (a missing score counts 0), tool_use (the share of episodes that called a
+    tool), tool_calls and tool_errors per episode, episode_length in tokens (observations included)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.rows = 0
+
+    def add(self, played: Played, scored) -> None:
+        values = {name: scored.per_function[:, j].nan_to_num(0.0).sum().item() for j, name in enumerate(scored.names if scored is not None else [])}
+        for k, v in {**values, **played.totals}.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+        self.rows += len(played.rows)
+
+    def result(self, names: list[str]) -> dict[str, float]:
+        return {k: v / max(self.rows, 1) for k, v in self.sums.items()}
 
 
 @torch.no_grad()
@@ -19,23 +65,5 @@ def evaluate_episodes(model, tokenizer, rows: list[dict[str, Any]], rewards: lis
                       temperature: float = 0.0, batch_size: int = 64) -> dict[str, float]:
     """Mean of every reward function over `rows`, the share of episodes that called a tool (tool_use), tool
     calls and errors per episode, and the mean episode length in tokens (observations included)."""
-    device = next(model.parameters()).device
-    greedy = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=temperature))
-    sums: dict[str, float] = {}
-    n = 0
-    for start in range(0, len(rows), batch_size):
-        part = rows[start:start + batch_size]
-        batch = tokenize_prompts(tokenizer, part, device)
-        eps = play_episodes(model, tokenizer, part, batch.prompt_ids, batch.prompt_mask, env, greedy, 1,
-                            list(range(start, start + len(part))), device)
-        scored = score(rewards, cfg.reward.weights, batch.prompts, eps.messages,
-                       {**batch.columns, **eps.columns}, timeout_s=cfg.reward.timeout_s)
-        values = {name: scored.per_function[:, j].nan_to_num(0.0).sum().item() for j, name in enumerate(scored.names)}
-        values["tool_use"] = eps.metrics["tools/use_rate"] * len(part)
-        values["tool_calls"] = eps.metrics["tools/calls_per_episode"] * len(part)
-        values["tool_errors"] = eps.metrics["tools/errors"]
-        values["episode_length"] = float(eps.gen.completion_mask.sum())
-        for k, v in values.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-        n += len(part)
-    return {k: v / max(n, 1) for k, v in sums.items()}
+    return evaluate(model, tokenizer, rows, rewards, batch_size=batch_size, temperature=temperature,
+                    timeout_s=cfg.reward.timeout_s, play=Episodes(env, cfg), summary=EpisodeMeans())

@@ -1,5 +1,6 @@
 """Supervised fine-tuning (SFT) of any causal LM on any dataset: the cold start and the rejection-sampling
-SFT stages of DeepSeek-R1. (`grpo sft` without a dataset builds the embedded cold start: grpo/training/sft.py.)
+SFT stages of DeepSeek-R1, through the one SFT loop (grpo.training.sft.sft_steps). (`grpo sft` without a dataset
+builds the embedded cold start: grpo/training/sft.py.)
 
 Rows are ``prompt`` + ``completion`` columns (a string prompt, or chat messages rendered with the
 tokenizer's chat template and the generation prompt), or a ``messages`` column: the conversation up to the
@@ -20,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from grpo.state.checkpoint import list_checkpoints, save_checkpoint, verify_chec
 from grpo.state.metrics import MetricsLogger, truncate_metrics
 from grpo.state.output_dir import OutputDirLock, prepare_output_dir
 from grpo.state.resume import load_policy_weights, previous_run
-from grpo.training.sft import IGNORE_INDEX, completion_loss
+from grpo.training.sft import IGNORE_INDEX, completion_loss, sft_steps
 from grpo.training.update import build_optimizer
 
 DEFAULT_BATCH = 16
@@ -167,23 +167,22 @@ def _run(cfg: Config, model, tokenizer, pairs: list[tuple[list[int], list[int]]]
     params = [p for p in model.parameters() if p.requires_grad]
     first = last = float("nan")
     checkpoint = None
+
+    def backward(step: int) -> float:
+        batch = batch_of([pairs[i] for i in next_batch(len(pairs), tc.seed, (step - 1) * size, size)],
+                         tokenizer.pad_token_id)
+        loss = completion_loss(model, {k: v.to(device) for k, v in batch.items()})
+        loss.backward()
+        return float(loss.detach())
+
     model.train()
     with MetricsLogger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=start, config=cfg) as log:
-        for step in range(start + 1, tc.max_steps + 1):
-            t0 = time.perf_counter()
-            batch = batch_of([pairs[i] for i in next_batch(len(pairs), tc.seed, (step - 1) * size, size)],
-                             tokenizer.pad_token_id)
-            optimizer.zero_grad(set_to_none=True)
-            loss = completion_loss(model, {k: v.to(device) for k, v in batch.items()})
-            loss.backward()
-            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf")))
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            last = float(loss.detach())
+        for done in sft_steps(optimizer, scheduler, range(start + 1, tc.max_steps + 1), backward, params,
+                              cfg.optim.max_grad_norm or float("inf")):
+            step, last = done.step, done.loss
             first = last if step == start + 1 else first
-            log.log({"step": step, "loss/sft": last, "optim/lr": lr, "optim/grad_norm": norm,
-                     "time/step_s": time.perf_counter() - t0})
+            log.log({"step": step, "loss/sft": last, "optim/lr": done.lr, "optim/grad_norm": done.grad_norm,
+                     "time/step_s": done.seconds})
             if (tc.save_steps and step % tc.save_steps == 0) or step == tc.max_steps:
                 log.sync()
                 checkpoint = save_checkpoint(out, step, model, tokenizer, optimizer=optimizer, scheduler=scheduler,

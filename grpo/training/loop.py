@@ -14,7 +14,8 @@ Reliability (docs/reliability.md): `train.resume` continues from the newest vali
 returns (grpo/state/signals.py); steps with a non-finite loss are skipped and `train.max_bad_steps` in a
 row stop the run without saving that state (grpo/training/guards.py). One run at a time holds output_dir (a
 lock file, grpo/state/output_dir.py), and the directory is first changed once the first step has succeeded
-(grpo.state.resume.begin_run). `emit` marks the named progress points (grpo/events.py).
+(grpo.state.resume.begin_run). All of that around the step is the run skeleton Flow-GRPO shares
+(grpo/training/skeleton.py). `emit` marks the named progress points (grpo/events.py).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import numpy as np
 import torch
 
 from grpo.training.callbacks import CallbackList
-from grpo.config import Config, TrainConfig
+from grpo.config import Config
 from grpo.config.build import with_epochs
 from grpo.data.prompts import PromptStream, load_prompts
-from grpo.training.experience import make_experience
+from grpo.training.experience import ExperienceInputs, make_experience
 from grpo.state.output_dir import OutputDirLock, prepare_output_dir
 from grpo.training.evaluate import eval_metrics, eval_rows
-from grpo.training.guards import BadSteps, deterministic_mode
+from grpo.training.guards import deterministic_mode
 from grpo.training.reward_model_updates import build_extras
 from grpo.training.loss_modules import (build_entropy_control, build_learnable_losses, entropy_control_of,
                                          token_preference_of)
@@ -45,15 +46,14 @@ from grpo.training.critic import build_critics, critic_of
 from grpo.state.metrics import step_metrics
 from grpo.modeling.precision import autocast, autocast_dtype
 from grpo.modeling.reference import build_reference
-from grpo.state.resume import TrainState, announce_run, begin_run, check_resumable, find_checkpoint, restore
+from grpo.state.resume import TrainState, begin_run
 from grpo.training.run_checks import check_run, longest_prompt
 from grpo.events import emit
-from grpo.health import HealthMonitor
 from grpo.state.samples import SAMPLES_FILE, pick_samples, write_samples
 from grpo.rewards.context import reward_context
-from grpo.state.signals import GracefulStop
+from grpo.training.skeleton import Run, resume, wants_checkpoint  # noqa: F401  (wants_checkpoint: its old home)
 from grpo.types import TrainBatch
-from grpo.training.update import UpdateStats, build_optimizer, policy_update
+from grpo.training.update import UpdateSettings, UpdateStats, build_optimizer, policy_update
 from grpo.training.world import init_world
 from grpo.training.trl_view import TrlProgress
 from grpo.rollout.engine import build_engine
@@ -123,15 +123,15 @@ def update(state: TrainState, batch: TrainBatch, cfg: Config, step: int, world, 
     micro-batch tokens, checkpointing, LM-head chunk); the `update` test hook fires after it."""
     policy, hooks = world.update_target()
     control = entropy_control_of(state.extras)                  # algorithm.entropy_control adaptive
-    stats = policy_update(policy, state.optimizer, state.scheduler, batch, cfg.algorithm,
-                          temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
-                          max_grad_norm=cfg.optim.max_grad_norm,
-                          norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
-                          logprob_chunk_size=plan.logprob_chunk_size,
-                          gradient_checkpointing=plan.gradient_checkpointing, parallel=hooks,
-                          micro_batch_tokens=plan.micro_batch_tokens, preference=token_preference_of(state.extras),
-                          entropy_coef=control.applied() if control is not None else None,   # lambda-GRPO, entropy
-                          grad_buffer=plan.grad_buffer)
+    settings = UpdateSettings(temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
+                              max_grad_norm=cfg.optim.max_grad_norm,
+                              norm_length=cfg.algorithm.loss_norm_length or cfg.rollout.max_new_tokens,
+                              logprob_chunk_size=plan.logprob_chunk_size,
+                              gradient_checkpointing=plan.gradient_checkpointing,
+                              micro_batch_tokens=plan.micro_batch_tokens, grad_buffer=plan.grad_buffer,
+                              entropy_coef=control.applied() if control is not None else None,   # entropy control
+                              parallel=hooks, preference=token_preference_of(state.extras))      # lambda-GRPO
+    stats = policy_update(policy, state.optimizer, state.scheduler, batch, cfg.algorithm, settings)
     if control is not None and not stats.skipped:
         control.observe(stats.entropy)
     state.optimizer.zero_grad(set_to_none=True)   # not needed before the next update: out of the rollout's peak
@@ -144,11 +144,6 @@ def wants_eval_set(job: Job) -> bool:
     control.should_evaluate may ask for."""
     has_set = bool(job.cfg.data.eval_dataset) or job.eval_records is not None
     return bool(job.cfg.train.eval_steps) or (has_set and job.callbacks.want_eval_set())
-
-
-def wants_checkpoint(tc: TrainConfig, step: int) -> bool:
-    """Every `save_steps` steps, and at the end with `save_final`."""
-    return bool(tc.save_steps and step % tc.save_steps == 0) or (tc.save_final and step == tc.max_steps)
 
 
 def initial_state(job: Job) -> tuple[TrainState, Any]:
@@ -205,43 +200,36 @@ def _run(job: Job, world, out: Path) -> TrainResult:
         model, tokenizer = state.model, state.tokenizer
         held_out = eval_rows(cfg, tokenizer, job.eval_records) if wants_eval_set(job) else None   # checked before any write
         run_cfg = world.shard(state, cfg)                      # torchrun: this rank's share of the prompts
-        ckpt = find_checkpoint(cfg)                            # train.resume: never | auto | PATH
-        if ckpt is not None:
-            check_resumable(ckpt, cfg)
-            restore(state, ckpt, cfg)
+        ckpt = resume(state, cfg)                              # train.resume: never | auto | PATH
         world.prepare(state, cfg)
         engine = build_engine(run_cfg, model, tokenizer, runtime.device)   # rollout.engine: after restore, so a
         stack.callback(engine.close)                                       # vLLM engine starts from these weights
-        first = announce_run(out, cfg, ckpt) if world.is_main else (ckpt.step if ckpt else 0) + 1
-        health = HealthMonitor(cfg, out, first, enabled=world.is_main)   # reads back a resumed run's history
+        run = Run(cfg, out, state, world, callbacks, ckpt)    # announce, health monitor (grpo/training/skeleton.py)
         world.barrier()
-        checkpoint, done, bad = (ckpt.path if ckpt else None), first - 1, BadSteps(tc.max_bad_steps)
         plan = runtime.memory_plan(model, longest_prompt(prompt_set.rows), state.optimizer, engine.name)   # may refuse
         if world.is_main:
             print(f"grpo: {plan.describe()}", flush=True)   # once, at start (stdout: stderr is for errors)
-            uncorrected = engine.name == "vllm" and cfg.algorithm.rollout_correction == "none"
+            uncorrected = engine.name == "vllm" and cfg.algorithm.rollout_correction.name == "none"
             print(f"grpo: rollout engine {engine.name} (rollout.engine {cfg.rollout.engine})"
                   + ("; algorithm.rollout_correction none: sequence_mask is TRL's vLLM correction" if uncorrected
                      else ""), flush=True)
         budget = plan.logprob_tokens                           # tokens per no-grad pass (reference, old policy)
-        record: dict[str, Any] = {}
-        progress = TrlProgress(cfg, len(prompt_set.rows), read_jsonl(out / cfg.log.metrics_file, first),  # TRL's counts
-                               world.is_main, world.world_size)
-        callbacks.train_begin(state, progress, first)
-        logger = world.logger(out / cfg.log.metrics_file, tc.max_steps, cfg.log.progress_bar, initial=done, config=cfg)
-        with logger, GracefulStop() as stop:
-            for step in range(first, tc.max_steps + 1):
+        progress = TrlProgress(cfg, len(prompt_set.rows), read_jsonl(out / cfg.log.metrics_file, run.first),  # TRL's
+                               world.is_main, world.world_size)                                                  # counts
+        callbacks.train_begin(state, progress, run.first)
+        with run:                                              # metrics.jsonl, the graceful stop on SIGINT / SIGTERM
+            for step in run.steps():
                 runtime.reset_memory_stats()
                 t0 = time.perf_counter()
                 callbacks.step_begin(step)
                 engine.wake()                                  # vLLM sleep mode: weights and KV cache back
                 with reward_context(progress.reward_state(step)) as reward_log, autocast(runtime.device, tc.precision):   # train.precision
-                    exp = make_experience(model, tokenizer, state.stream, job.rewards, job.step_rewards,
-                                          state.reference, run_cfg, runtime.device, max_tokens=budget, env=job.env,
-                                          critic=critic_of(state.extras), engine=engine)
+                    inputs = ExperienceInputs(model, tokenizer, job.rewards, job.step_rewards, state.reference,
+                                              job.env, critic_of(state.extras), engine)
+                    exp = make_experience(inputs, state.stream, run_cfg, runtime.device, max_tokens=budget)
                 engine.sleep()                                 # vLLM sleep mode: its memory off the update's
                 emit("rollout", step)
-                runtime.release_memory()                       # train.malloc_trim: the rollout's heap holes off the update
+                runtime.release_memory()                       # cpu.malloc_trim: the rollout's heap holes off the update
                                                                # (once: a trim after the update cost 1-8 %, same peak)
                 t1 = time.perf_counter()
                 with autocast(runtime.device, tc.precision):     # backward runs outside it (grpo/training/update.py)
@@ -263,40 +251,21 @@ def _run(job: Job, world, out: Path) -> TrainResult:
                 if held_out is not None and (asked_eval or tc.eval_steps and step % tc.eval_steps == 0) and world.is_main:
                     with reward_context(progress.reward_state(step + 1)):   # after the step's updates
                         record.update(eval_metrics(model, tokenizer, held_out, job.rewards, cfg))
-                if step == first and world.is_main:
-                    logger.start_trackers()                    # a tracker failing to start changes nothing here
-                    begin_run(out, cfg, ckpt)                  # the first write: step `first` worked, so commit
-                findings = health.observe(record)              # health/<rule> levels go into the record
-                logger.log(record)
+                run.log(step, record)                          # health/<rule> levels, the metrics line
                 progress.log(record)                           # log_history with TRL's names (rewards, HF callbacks)
-                health.report(findings)                        # console, alerts.jsonl
                 if world.is_main and cfg.log.samples_per_step:
                     write_samples(out / SAMPLES_FILE, pick_samples(step, exp, cfg.rollout.num_generations,
                                                                    cfg.log.samples_per_step, extra_columns))
-                callbacks.alert(findings)
-                asked = callbacks.step_end(step, record) or health.halt is not None   # health.halt_on
-                emit("step", step)
-                done = step
-                stop_now = world.any(stop.requested or asked)
-                asked_save = world.any(callbacks.take_request("save"))   # a TrainerCallback's control.should_save
-                if bad.record(step, any(s.skipped for s in stats)):
-                    bad.check(step, checkpoint)                # raises after max_bad_steps; never saves a bad state
-                elif wants_checkpoint(tc, step) or stop_now or asked_save:
-                    logger.sync()
-                    checkpoint = world.save(out, step, state, cfg)
-                    callbacks.checkpoint(checkpoint)
-                if stop_now:
-                    break
+                run.end_step(step, skipped=any(s.skipped for s in stats))   # alerts, callbacks, checkpoint or stop
         if tc.save_final and tc.max_steps == 0:
             if world.is_main:
                 begin_run(out, cfg, ckpt)
-            checkpoint = world.save(out, 0, state, cfg)
-            callbacks.checkpoint(checkpoint)
-    stopped_by = stop.signal_name or ("health" if health.halt is not None and done < tc.max_steps else None) or (
-        "callback" if callbacks.stop_requested and done < tc.max_steps else None)
+            run.checkpoint = world.save(out, 0, state, cfg)
+            callbacks.checkpoint(run.checkpoint)
     wall_s = time.perf_counter() - start
-    result = TrainResult(model, tokenizer, done, out, checkpoint, wall_s, stopped_by, stop.signum,
-                         {**record, **progress.train_metrics(done, wall_s)},   # + TRL's train_loss, train_runtime, ...
+    done = run.done
+    result = TrainResult(model, tokenizer, done, out, run.checkpoint, wall_s, run.stopped_by, run.signum,
+                         {**run.record, **progress.train_metrics(done, wall_s)},   # + TRL's train_loss, train_runtime, ...
                          progress.global_step(done), progress.training_loss())
     callbacks.train_end(result)
     return result

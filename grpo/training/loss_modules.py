@@ -47,13 +47,13 @@ class LearnableLoss:
 def build_learnable_losses(cfg: Config, model: torch.nn.Module) -> list[LearnableLoss]:
     """The run's learnable loss modules, on the policy's device (`algorithm.token_preference`)."""
     algo, device = cfg.algorithm, next(model.parameters()).device
-    if algo.token_preference != "none" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if algo.token_preference.name != "none" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("algorithm.token_preference runs in a single process only (its lambda is outside DDP / FSDP2)")
     found = []
-    if algo.token_preference == "lambda":
-        found.append(LearnableLoss("token_preference", TokenPreference(algo.lambda_init, algo.lambda_r,
-                                                                       cfg.rollout.num_generations, device),
-                                   algo.lambda_lr))
+    if algo.token_preference.name == "lambda":
+        p = algo.token_preference.params                                   # LambdaParams: init, r, lr
+        found.append(LearnableLoss("token_preference", TokenPreference(p.init, p.r, cfg.rollout.num_generations,
+                                                                       device), p.lr))
     return found
 
 
@@ -102,11 +102,9 @@ class EntropyControl:
 def build_entropy_control(cfg: Config) -> list[EntropyControl]:
     """The run's entropy coefficient controller when it changes over the run (``entropy_control`` adaptive)."""
     algo = cfg.algorithm
-    if algo.entropy_control == "fixed":
+    if algo.entropy_control.name == "fixed":
         return []
-    return [EntropyControl(algo.entropy_control, algo.entropy_coef,
-                           EntropyControlParams(algo.entropy_target, algo.entropy_coef_delta, algo.entropy_coef_min,
-                                                algo.entropy_coef_max))]
+    return [EntropyControl(algo.entropy_control.name, algo.entropy_coef, algo.entropy_control.params)]
 
 
 def entropy_control_of(extras: list) -> EntropyControl | None:

@@ -56,7 +56,7 @@ HEAD_COPIES = 3
 #: The allowance for what a process holds after its first step beyond every term above: freed activations kept
 #: by glibc's heap for reuse, small allocations and library workspaces. Measured on CPU (2026-11-25, bench/grid.py
 #: shapes, full fine-tuning, default micro-batches; peak RSS per phase against the estimate without it), at the
-#: 1 MiB `train.mmap_threshold_mb` of the time: 7-110 MiB at 2.2M-38.6M parameters, 82-157 MiB at 100.7M, 503 MiB
+#: 1 MiB `cpu.mmap_threshold_mb` of the time: 7-110 MiB at 2.2M-38.6M parameters, 82-157 MiB at 100.7M, 503 MiB
 #: at 299.5M (update phase); 128 MiB + 2 bytes per parameter covered each. With glibc's own threshold (the default
 #: since) the heap keeps more at long rows: 3537 MiB measured at 100.7M with 1036-token micro-batches (G = 8,
 #: 1024 new tokens) against 3482 MiB estimated with 2 bytes, so 4 bytes per trainable parameter (~140 MiB to spare).

@@ -1,4 +1,9 @@
-"""Cold-start supervised fine-tuning (SFT) and quick evaluation helpers.
+"""Supervised fine-tuning (SFT): the one SFT loop, the text batch, and the embedded cold start.
+
+:func:`sft_steps` is the loop of every SFT in the package: this module's cold start (text and tool
+episodes), grpo/training/finetune.py (any model on any dataset) and grpo/training/vlm_sft.py (the tiny
+vision-language model). What differs per kind is its input: how a step's batch is built and its loss
+masked (a `backward(step)` function), the optimizer and schedule, and what is logged or saved per step.
 
 ``run_sft`` trains a freshly built policy (see :mod:`grpo.modeling.models`) on a mix of
 *worked* and *direct* arithmetic demonstrations (see
@@ -6,17 +11,16 @@
 covers completion tokens (and the closing eos) only.  The result is the base
 policy that GRPO then improves.
 
-Run ``python -m grpo.training.sft --help`` for the command line.
+The command line (``grpo sft`` without a dataset, ``python -m grpo.training.sft``) is grpo/cli/sft.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import math
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +28,7 @@ import torch.nn.functional as F
 from grpo.modeling.models import build_model, build_tokenizer
 from grpo.algorithms.schedule import lr_factor
 from grpo.data.tasks import arithmetic
-from grpo.training.evaluate import generate_texts
+from grpo.training.evaluate import TextMetrics, evaluate
 
 IGNORE_INDEX = -100
 
@@ -103,6 +107,33 @@ def sft_step_loss(model, tokenizer, prompts: list[str], completions: list[str]) 
     return total
 
 
+@dataclass
+class SftStep:
+    """What one step of :func:`sft_steps` did."""
+
+    step: int
+    loss: float                       # the step's loss, as `backward` returned it
+    lr: float                         # the learning rate the step used
+    grad_norm: float                  # before clipping
+    seconds: float
+
+
+def sft_steps(optimizer, scheduler, steps: Iterable[int], backward: Callable[[int], float], params: list,
+              max_grad_norm: float = 1.0) -> Iterator[SftStep]:
+    """The SFT loop: for each step, gradients cleared, ``backward(step)`` (the kind's batch, its masked loss,
+    backpropagated; returns the loss), clipped to `max_grad_norm`, one optimizer and schedule step. Yields
+    each step's :class:`SftStep`, so the caller logs and saves as its kind does."""
+    for step in steps:
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = backward(step)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        yield SftStep(step, loss, lr, norm, time.perf_counter() - t0)
+
+
 def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float = 0.1):
     """Linear warmup then cosine decay to ``min_ratio`` of the peak rate (grpo.algorithms.schedule)."""
     return functools.partial(lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, kind="cosine",
@@ -163,16 +194,17 @@ def run_sft(
     n_params = sum(p.numel() for p in model.parameters())
     log(f"sft: {size} model, {n_params:,} parameters, {len(rows)} examples, worked_fraction={worked_fraction}")
     start = time.perf_counter()
-    for step in range(1, steps + 1):
+
+    def backward(step: int) -> float:
+        nonlocal order, cursor
         if cursor + batch_size > len(order):
             order, cursor = torch.randperm(len(rows), generator=generator, device="cpu").tolist(), 0
         idx = order[cursor : cursor + batch_size]
         cursor += batch_size
-        optimizer.zero_grad(set_to_none=True)
-        value = sft_step_loss(model, tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx])
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+        return sft_step_loss(model, tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx])
+
+    for done in sft_steps(optimizer, scheduler, range(1, steps + 1), backward, list(model.parameters())):
+        step, value = done.step, done.loss
         first_loss = value if first_loss is None else first_loss
         recent = (recent + [value])[-max(1, log_every) :]
         if log_every and (step % log_every == 0 or step == steps):
@@ -218,9 +250,9 @@ def score_completions(completions: list[str], answers: list[str]) -> dict:
 
 
 def evaluate_greedy(model, tokenizer, rows: list[dict], batch_size: int = 128, max_new_tokens: int = 40) -> dict:
-    """Greedy (``do_sample=False``) metrics on ``rows`` of ``{"prompt", "answer"}``."""
-    completions = generate_texts(model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return score_completions(completions, [r["answer"] for r in rows])
+    """Greedy (``do_sample=False``) metrics on ``rows`` of ``{"prompt", "answer"}`` (grpo.training.evaluate)."""
+    scores = TextMetrics(lambda texts, expanded: score_completions(texts, [r["answer"] for r in expanded]))
+    return evaluate(model, tokenizer, rows, [], max_new_tokens=max_new_tokens, batch_size=batch_size, summary=scores)
 
 
 def evaluate_sampled(
@@ -228,82 +260,20 @@ def evaluate_sampled(
     batch_size: int = 128, max_new_tokens: int = 40, seed: int = 0,
 ) -> dict:
     """Sampled metrics over ``num_samples`` completions per row, plus ``pass_at_k`` (k = ``num_samples``)."""
-    answers = [r["answer"] for r in rows for _ in range(num_samples)]
-    completions = generate_texts(model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 temperature=temperature, seed=seed, num_samples=num_samples)
-    stats = score_completions(completions, answers)
-    hits = [arithmetic.is_correct(c, a) for c, a in zip(completions, answers)]
-    groups = [hits[i : i + num_samples] for i in range(0, len(hits), num_samples)]
-    stats["pass_at_k"] = sum(any(g) for g in groups) / max(1, len(groups))
-    return stats
+
+    def metrics(completions: list[str], expanded: list[dict]) -> dict:
+        answers = [r["answer"] for r in expanded]
+        stats = score_completions(completions, answers)
+        hits = [arithmetic.is_correct(c, a) for c, a in zip(completions, answers)]
+        groups = [hits[i : i + num_samples] for i in range(0, len(hits), num_samples)]
+        stats["pass_at_k"] = sum(any(g) for g in groups) / max(1, len(groups))
+        return stats
+
+    return evaluate(model, tokenizer, rows, [], max_new_tokens=max_new_tokens, batch_size=batch_size,
+                    temperature=temperature, seed=seed, num_samples=num_samples, summary=TextMetrics(metrics))
 
 
-def _fmt(stats: dict) -> str:
-    return "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items())
+if __name__ == "__main__":                # python -m grpo.training.sft: the command line's cold start
+    from grpo.cli.sft import cold_start_main
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (no usage block), exit code 2, as grpo's other commands."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
-
-
-def main(argv: list[str] | None = None, check_out=None) -> int:
-    """Command line: train the cold-start policy, save it, optionally evaluate on held-out problems.
-    `check_out(path)` (grpo sft passes one) refuses an --out it must not write to, before any work."""
-    parser = OneLineParser(
-        prog="grpo sft",
-        description="Cold-start SFT of a small character-level Qwen2 policy on arithmetic demonstrations "
-        "that mix worked (<think>a+b=c,...</think>) and direct (<think></think>) solutions.",
-    )
-    parser.add_argument("--out", required=True, help="output directory (model + tokenizer, save_pretrained format)")
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sequences per step (default: %(default)s)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (default: %(default)s)")
-    parser.add_argument("--task", choices=["arithmetic", "calculator"], default="arithmetic",
-                        help="embedded task of the demonstrations (calculator: tool episodes, docs/agents.md)")
-    parser.add_argument("--worked-fraction", type=float, default=0.45,
-                        help="share of demonstrations that show worked steps (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for data, init and shuffling (default: %(default)s)")
-    parser.add_argument("--size", choices=["small", "micro"], default="small", help="model preset (default: %(default)s)")
-    parser.add_argument("--num-examples", type=int, default=40_000, help="demonstrations drawn from the train split (default: %(default)s)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default: 5%% of --steps)")
-    parser.add_argument("--log-every", type=int, default=50, help="print the running loss every N steps (default: %(default)s)")
-    parser.add_argument("--eval-n", type=int, default=0,
-                        help="after training, evaluate on N held-out test problems, greedy and sampled (default: off)")
-    parser.add_argument("--eval-samples", type=int, default=4, help="samples per problem for the sampled evaluation (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's choice; 1 is faster on a busy machine)")
-    args = parser.parse_args(argv)
-    for flag, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
-                             ("--num-examples", args.num_examples, 1), ("--log-every", args.log_every, 1),
-                             ("--eval-n", args.eval_n, 0), ("--eval-samples", args.eval_samples, 1)):
-        if value < low:
-            parser.error(f"{flag} must be >= {low}, got {value}")
-    if not args.lr > 0 or not 0 <= args.worked_fraction <= 1:
-        parser.error(f"--lr must be > 0 and --worked-fraction in [0, 1], got {args.lr} and {args.worked_fraction}")
-    if args.warmup_steps is not None and args.warmup_steps < 0:
-        parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-    if check_out is not None:
-        check_out(args.out)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    stats = run_sft(
-        args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, worked_fraction=args.worked_fraction,
-        seed=args.seed, size=args.size, num_examples=args.num_examples, warmup_steps=args.warmup_steps,
-        log_every=args.log_every, task=args.task,
-    )
-    print(f"sft: final loss {stats['final_loss']:.4f}, {stats['wall_seconds']:.1f}s")
-    if args.eval_n and args.task == "arithmetic":
-        from grpo.modeling.models import load_policy
-
-        model, tokenizer = load_policy(args.out)
-        rows = arithmetic.generate("test", args.eval_n, seed=args.seed)
-        print("greedy :", _fmt(evaluate_greedy(model, tokenizer, rows)))
-        print("sampled:", _fmt(evaluate_sampled(model, tokenizer, rows, num_samples=args.eval_samples, seed=args.seed)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(cold_start_main())

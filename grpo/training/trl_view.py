@@ -15,9 +15,10 @@ metrics.jsonl keeps grpo's own keys: the aliases exist only in this view.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import re
-from types import SimpleNamespace
 from typing import Any
 
 from grpo.rewards.context import TrainerState
@@ -58,20 +59,80 @@ def trl_logs(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, **aliases}
 
 
-def training_arguments(cfg: Any, world_size: int = 1) -> SimpleNamespace:
+@dataclasses.dataclass(frozen=True)
+class TrainingArgumentsView:
+    """The TrainingArguments / GRPOConfig fields TRL callbacks and reward functions read, under their names, in
+    TRL's units (:func:`training_arguments` fills them from grpo's config). Read-only: a callback that changes
+    them would not change the run."""
+
+    output_dir: str
+    overwrite_output_dir: bool
+    seed: int
+    max_steps: int
+    num_train_epochs: int | None
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    steps_per_generation: int
+    generation_batch_size: int
+    num_generations: int
+    num_iterations: int
+    max_completion_length: int
+    temperature: float
+    top_p: float
+    beta: float
+    epsilon: float
+    epsilon_high: float
+    learning_rate: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    max_grad_norm: float
+    warmup_steps: int
+    lr_scheduler_type: str
+    logging_steps: int
+    save_steps: int
+    eval_steps: int
+    save_strategy: str
+    eval_strategy: str
+    save_total_limit: int | None
+    bf16: bool
+    fp16: bool
+    gradient_checkpointing: bool
+    report_to: list[str]
+    run_name: str | None
+    disable_tqdm: bool
+    world_size: int
+    push_to_hub: bool = False
+    logging_strategy: str = "steps"            # a log record every grpo step (logging_steps updates)
+    logging_first_step: bool = False
+    eval_delay: float = 0
+    load_best_model_at_end: bool = False
+    metric_for_best_model: str | None = None
+    greater_is_better: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (TrainingArguments.to_dict: what the trackers' callbacks log)."""
+        return dataclasses.asdict(self)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def training_arguments(cfg: Any, world_size: int = 1, num_train_epochs: int | None = None) -> TrainingArgumentsView:
     """The TrainingArguments / GRPOConfig fields TRL users read, with values derived from grpo's config. TRL
     counts steps in optimizer updates, so max_steps, save_steps, eval_steps and warmup_steps are given in
     updates. per_device_train_batch_size x gradient_accumulation_steps x world_size is the number of
-    completions in one update. ``train.micro_batch_size: 0`` (no row limit) counts as a whole update."""
+    completions in one update. ``train.micro_batch_size: 0`` (no row limit) counts as a whole update.
+    `num_train_epochs`: None until the prompt count is known (:class:`TrlProgress` gives it)."""
     tc, algo, rollout, optim = cfg.train, cfg.algorithm, cfg.rollout, cfg.optim
     per_update = max(1, tc.prompts_per_step * rollout.num_generations // algo.mini_batches // max(1, world_size))
     per_device = tc.micro_batch_size if 0 < tc.micro_batch_size < per_update else per_update
     accumulation = max(1, math.ceil(per_update / per_device))
     u = algo.updates_per_step
     precision = tc.precision
-    return SimpleNamespace(
+    return TrainingArgumentsView(
         output_dir=str(tc.output_dir), overwrite_output_dir=tc.overwrite_output_dir, seed=tc.seed,
-        max_steps=tc.max_steps * u, num_train_epochs=None,        # set when the prompt count is known
+        max_steps=tc.max_steps * u, num_train_epochs=num_train_epochs,
         per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
         steps_per_generation=accumulation * algo.mini_batches,
         generation_batch_size=tc.prompts_per_step * rollout.num_generations,
@@ -103,8 +164,7 @@ class TrlProgress:
                  world_size: int = 1):
         self.cfg, self.num_prompts, self.is_main = cfg, num_prompts, is_main
         self.updates_per_step = cfg.algorithm.updates_per_step
-        self.args = training_arguments(cfg, world_size)
-        self.args.num_train_epochs = self.num_train_epochs
+        self.args = training_arguments(cfg, world_size, num_train_epochs=self.num_train_epochs)
         self.log_history: list[dict[str, Any]] = []
         self.last: dict[str, Any] = {}                 # the entry of the newest step (log_history may grow beside it)
         self.losses: list[float] = []                  # this session's per-step losses (TrainOutput.training_loss)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from grpo.accelerator import host_values
 from grpo.algorithms.schedule import lr_factor
 from grpo.config import AlgorithmConfig, OptimConfig
-from grpo.modeling.grad_in_place import gradient_buffer
 from grpo.modeling.logprobs import bucketed_micro_batches, completion_logprobs
-from grpo.modeling.workspace import release as release_workspaces
+from grpo.modeling.hooks import installed as model_hooks
 from grpo.algorithms.loss import AGGREGATIONS, LOSS_STATS, grpo_loss, logprob_gap_sums
 from grpo.algorithms.policy_losses import PolicyLossParams
 from grpo.algorithms.stabilisers import off_policy_sequence_mask, rollout_correction_weights
@@ -130,59 +132,25 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
         disable()
 
 
-def auto_micro_batch_tokens(model: torch.nn.Module, budget: int = 2 ** 20) -> int:
-    """`train.micro_batch_tokens = 0`: tokens per micro-batch so that tokens x hidden_size x layers is
-    about `budget`, at least :func:`token_floor` (256); 4096 when the config does not say. A Qwen2-style layer keeps
-    about 36 x hidden_size float32 values per token for its backward pass (measured), so 2**20 is ~150 MiB of
-    activations. E.g. 2048 tokens at hidden 128 x 4 layers (the embedded model), the floor for any model with
-    hidden x layers >= 4096. On the embedded task 2048 was 10 % faster per step than 1024 (fewer calls, more rows
-    per shared prompt; +57 MiB) and 4096 80 % slower (cache misses)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = getattr(inner, "config", None)
-    width = getattr(config, "hidden_size", 0) * getattr(config, "num_hidden_layers", 0)
-    return max(token_floor(model, config), budget // width) if width else 4096
-
-
-def token_floor(model: torch.nn.Module, config) -> int:
-    """The auto micro-batch's floor: 256 tokens, or with `train.lean_layers` active the tokens whose stored activations
-    equal 256 tokens' of stock layers (grpo.training.memory_plan's per-token values: ~400 on Qwen2 shapes), so the
-    lean layers' saving buys fewer, larger micro-batches at the same memory. Measured on an AMD EPYC Zen 5
-    (forward+backward of 16 rows x 75 tokens, 5 alternating passes, bench shapes): hidden 768 x 12 layers,
-    2.64 s stock at 256 tokens (6 micro-batches) against 2.41 s lean at 300 (4); 7.68 against 7.13 s at hidden 1024 x
-    24. Without lean layers the floor stays 256: with `train.mmap_threshold_mb` 1 (the old default) 384-token
-    micro-batches made qwen2-100m's update slower (8.5-8.9 s against 7.7-7.8 s), and larger ones cost peak memory
-    that grid points such as vocab256 do not have (docs/performance.md)."""
-    from grpo.modeling.lean_layers import lean_mlps
-    from grpo.training.memory_plan import layer_values
-
-    hidden, inter = getattr(config, "hidden_size", 0), getattr(config, "intermediate_size", 0)
-    if not (hidden and inter and lean_mlps(model)):
-        return 256
-    return int(256 * layer_values(hidden, inter, False) / layer_values(hidden, inter, True))
-
-
-def micro_batch_tokens(tokens: int, model: torch.nn.Module) -> int:
-    """`train.micro_batch_tokens`, with 0 resolved from the model's size (:func:`auto_micro_batch_tokens`)."""
-    return auto_micro_batch_tokens(model) if tokens == 0 else tokens
-
-
 def policy_weight(algo: AlgorithmConfig, logp: torch.Tensor, old: torch.Tensor, mb: TrainBatch, preference=None,
                   pref_rows=None) -> torch.Tensor | None:
     """What multiplies the per-token policy loss (grpo.algorithms.stabilisers), detached; None = 1:
-    DeepSeek-V3.2's off-policy sequence mask (`algorithm.off_policy_mask_threshold`, judged against the
+    DeepSeek-V3.2's off-policy sequence mask (`algorithm.off_policy_mask.threshold`, judged against the
     sampler's log-probs, else pi_old as TRL) times the TIS / MIS weight pi_old / pi_sampler
     (`algorithm.rollout_correction`; needs the sampler's log-probs), times lambda-GRPO's f_i (with its
     gradient to lambda; `pref_rows`: the micro-batch's rows of `preference.step_inputs`).
     Shape: [n, T] -> [n, 1] | [n, T]."""
     weight = None if preference is None else preference.weights(*pref_rows)          # [n, 1]
-    if algo.off_policy_mask_threshold is not None:
+    off_policy = algo.off_policy_mask                                                   # {name: measure, threshold}
+    if off_policy.params.threshold is not None:
         behaviour = old if mb.sampling_logprobs is None else mb.sampling_logprobs
         m = off_policy_sequence_mask(mb.advantages, logp, behaviour, mb.completion_mask,
-                                     algo.off_policy_mask_threshold, algo.off_policy_mask_measure)
+                                     off_policy.params.threshold, off_policy.name)
         weight = m if weight is None else weight * m
-    if algo.rollout_correction != "none" and mb.sampling_logprobs is not None:
-        w = rollout_correction_weights(old, mb.sampling_logprobs, mb.completion_mask, algo.rollout_correction,
-                                       algo.rollout_correction_min, algo.rollout_correction_max)
+    correction = algo.rollout_correction                                                 # {name, min, max}
+    if correction.name != "none" and mb.sampling_logprobs is not None:
+        w = rollout_correction_weights(old, mb.sampling_logprobs, mb.completion_mask, correction.name,
+                                       correction.params.min, correction.params.max)
         weight = w if weight is None else weight * w
     return weight
 
@@ -197,9 +165,10 @@ class SingleProcess:
         self.policy = model
 
     def forward(self, input_ids, attention_mask, T, temperature, with_entropy, entropy_grad, chunk_size,
-                model_inputs=None):
+                model_inputs=None, host=None):
         return completion_logprobs(self.policy, input_ids, attention_mask, T, temperature, with_entropy=with_entropy,
-                                   entropy_grad=entropy_grad, chunk_size=chunk_size, model_inputs=model_inputs)
+                                   entropy_grad=entropy_grad, chunk_size=chunk_size, model_inputs=model_inputs,
+                                   host=host)
 
     def no_sync(self, last: bool):
         return contextlib.nullcontext()
@@ -210,20 +179,43 @@ class SingleProcess:
     def match_micro_batches(self, buckets: list) -> list:
         return buckets
 
-    def reduce(self, values: list[float]) -> list[float]:
-        return values
+    def reduce(self, sums: torch.Tensor) -> torch.Tensor:
+        return sums
 
-    def clip_grad_norm(self, params, max_norm: float) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    def clip_grad_norm(self, params, max_norm: float) -> torch.Tensor:
+        """The gradients' total norm, on the device (read with the step's statistics), after clipping to it."""
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How one policy update runs, besides the algorithm's keys (each field is described in :func:`policy_update`).
+
+    temperature, micro_batch_size, max_grad_norm: `rollout.temperature`, `train.micro_batch_size`,
+        `optim.max_grad_norm` (required: no silent defaults).
+    norm_length, logprob_chunk_size, gradient_checkpointing, micro_batch_tokens, grad_buffer: the loss's constant L
+        and the memory plan's choices (0 / None / False: off or automatic).
+    entropy_coef, parallel, scaler, preference: this step's entropy bonus (None: the algorithm's) and the update's
+        collaborators (None: one process, the optimizer's scaler, no lambda-GRPO).
+    """
+
+    temperature: float
+    micro_batch_size: int
+    max_grad_norm: float
+    norm_length: int = 0
+    logprob_chunk_size: int = 0
+    gradient_checkpointing: bool | None = None
+    micro_batch_tokens: int = 0
+    grad_buffer: bool = False
+    entropy_coef: float | None = None
+    parallel: Any = None
+    scaler: torch.amp.GradScaler | None = None
+    preference: Any = None
 
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: TrainBatch,
-                  algo: AlgorithmConfig, *, temperature: float, micro_batch_size: int,
-                  max_grad_norm: float, norm_length: int = 0, logprob_chunk_size: int = 0,
-                  gradient_checkpointing: bool | None = None, parallel=None,
-                  micro_batch_tokens: int = 0, scaler: torch.amp.GradScaler | None = None,
-                  preference=None, entropy_coef: float | None = None, grad_buffer: bool = False) -> UpdateStats:
-    """One optimizer step on `batch`, accumulated over micro-batches.
+                  algo: AlgorithmConfig, settings: UpdateSettings) -> UpdateStats:
+    """One optimizer step on `batch`, accumulated over micro-batches, run as `settings` say.
 
     `norm_length` is the constant L of `seq-mean-token-sum-norm` (the trainer passes
     `algorithm.loss_norm_length`, else `rollout.max_new_tokens`). The KL penalty enters the loss only
@@ -244,30 +236,34 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     `preference` (grpo.algorithms.token_preference.TokenPreference, lambda-GRPO): its per-completion weights f_i
     multiply the policy term (with `token-mean`: the weighted token mean), and lambda gets its gradient.
     `entropy_coef`: the bonus coefficient of this step (None: ``algo.entropy_coef``; the adaptive controller's).
-    `grad_buffer` (`train.grad_buffer`, the CPU runtime in one process): the policy's gradients start as zeroed views
-    of one flat buffer (grpo.modeling.grad_in_place.gradient_buffer), so they do not fragment the heap.
+    `grad_buffer` (`cpu.grad_buffer`, the CPU runtime in one process): the policy's gradients start as zeroed views
+    of one flat buffer (the runtime's hook, grpo.modeling.hooks.ModelHooks.grad_buffer), so they do not fragment the heap.
     """
-    par = parallel or SingleProcess(model)
+    temperature, max_grad_norm, preference = settings.temperature, settings.max_grad_norm, settings.preference
+    micro_batch_size, micro_batch_tokens = settings.micro_batch_size, settings.micro_batch_tokens
+    logprob_chunk_size, grad_buffer = settings.logprob_chunk_size, settings.grad_buffer
+    par = settings.parallel or SingleProcess(model)
     device = next(model.parameters()).device
     amp = active_dtype(device)                                # None: no autocast (train.precision fp32)
-    scaler = (scaler or loss_scaler(optimizer, device)) if amp == torch.float16 else None
+    scaler = (settings.scaler or loss_scaler(optimizer, device)) if amp == torch.float16 else None
     if amp is not None:
         torch.clear_autocast_cache()                          # casts made under no_grad carry no graph
-    if gradient_checkpointing is not None:
-        set_gradient_checkpointing(model, gradient_checkpointing)
+    if settings.gradient_checkpointing is not None:
+        set_gradient_checkpointing(model, settings.gradient_checkpointing)
     model.train()
     T = batch.completion_length
     beta = algo.beta if algo.kl_in == "loss" else 0.0
-    norm_length = norm_length or algo.loss_norm_length or batch.completion_length
-    normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], batch.completion_mask, norm_length)
-    entropy_coef = algo.entropy_coef if entropy_coef is None else entropy_coef   # adaptive: the controller's
-    policy_params = PolicyLossParams.of(algo)           # the algorithm keys of the same names
+    norm_length = settings.norm_length or algo.loss_norm_length or batch.completion_length
+    host = batch.host_view()                      # the rows on the host: structure decided without device reads
+    normalizer = par.normalizer(AGGREGATIONS[algo.loss_agg_mode], host.completion_mask, norm_length)
+    entropy_coef = algo.entropy_coef if settings.entropy_coef is None else settings.entropy_coef   # adaptive controller
+    policy_params = PolicyLossParams.of_entry(algo.policy_loss.name, algo.policy_loss.params)   # the entry's own
     optimizer.zero_grad(set_to_none=True)
     if grad_buffer:
-        gradient_buffer([p for p in model.parameters() if p.requires_grad])
+        model_hooks().grad_buffer([p for p in model.parameters() if p.requires_grad])
     prefs = preference.step_inputs(batch.completion_mask) if preference is not None else None   # h [N, G], pos [N]
     sums = None          # on the device: LOSS_STATS, then the entropy sum, the log-prob gap's sum and tokens
-    buckets = par.match_micro_batches(bucketed_micro_batches(batch.attention_mask, micro_batch_size,
+    buckets = par.match_micro_batches(bucketed_micro_batches(host.attention_mask, micro_batch_size,
                                                              micro_batch_tokens))   # FSDP2: same count on every rank
     with cast_frozen_linears(model, device), cast_trainable_linears(model, device):   # autocast: weights cast once
         for index, rows in enumerate(buckets):
@@ -275,15 +271,15 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
             with par.no_sync(last=index == len(buckets) - 1):     # DDP: all-reduce gradients once, at the end
                 logp, entropy = par.forward(mb.input_ids, mb.attention_mask, T, temperature, True,
                                             entropy_coef != 0, logprob_chunk_size,
-                                            model_inputs=mb.model_inputs)  # [n, T]; a VLM's pixel_values too
+                                            model_inputs=mb.model_inputs, host=mb.host)  # [n, T]; pixel_values
                 old = logp.detach() if mb.old_logprobs is None else mb.old_logprobs  # mu == 1: ratio is 1, grad is not
                 terms = grpo_loss(logp, old, mb.ref_logprobs, mb.advantages, mb.completion_mask,
                                   epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                                   beta=beta if mb.beta is None or beta == 0 else mb.beta,   # per-domain beta [n]
                                   kl_estimator=algo.kl_estimator, agg_mode=algo.loss_agg_mode, normalizer=normalizer,
                                   importance_sampling_level=algo.importance_sampling_level,
-                                  clip_ratio_c=algo.clip_ratio_c, entropy=entropy, entropy_coef=entropy_coef,
-                                  kl_ratio_correction=algo.kl_ratio_correction, policy_loss=algo.policy_loss,
+                                  clip_ratio_c=policy_params.clip_ratio_c, entropy=entropy, entropy_coef=entropy_coef,
+                                  kl_ratio_correction=algo.kl_ratio_correction, policy_loss=algo.policy_loss.name,
                                   policy_params=policy_params,
                                   policy_weight=policy_weight(algo, logp, old, mb, preference,
                                                               None if prefs is None else (prefs[0][rows], prefs[1][rows])))
@@ -295,17 +291,19 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
             ent = (entropy.detach() * mb.completion_mask).sum().reshape(1)            # summed over active tokens
             part = torch.cat([terms.stats, ent.to(terms.stats.dtype), gap.to(terms.stats.dtype)])
             sums = part if sums is None else sums + part       # added on the device: no host sync per micro-batch
-    release_workspaces()               # the LM head's and padding's kept buffers: not through the optimizer step or rollout
+    model_hooks().after_update()       # the runtime's kept buffers (CPU: LM head, padding): not through the step or rollout
     if amp is not None:
         torch.clear_autocast_cache()   # free the weights' casts before the step's peak (and they would be stale)
     names = (*LOSS_STATS, "entropy_sum", "gap_sum", "gap_tokens")
-    values = sums.tolist() if sums is not None else [0.0] * len(names)          # one host sync per step
-    stats = dict(zip(names, par.reduce(values)))
-    loss, tokens, gap_tokens = stats["loss"], stats["tokens"], stats["gap_tokens"]          # summed over ranks
+    sums = par.reduce(sums.double() if sums is not None else torch.zeros(len(names), dtype=torch.float64,
+                                                                        device=device))   # summed over ranks
     params = [p for p in model.parameters() if p.requires_grad]
     if scaler is not None:
         scaler.unscale_(optimizer)                            # true gradients (inf/nan where they overflowed)
-    grad_norm = par.clip_grad_norm(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    norm = par.clip_grad_norm(params, max_grad_norm if max_grad_norm > 0 else float("inf"))   # [] on the device
+    *values, grad_norm = host_values(torch.cat([sums, norm.reshape(1).to(sums)]))   # the step's one device read
+    stats = dict(zip(names, values))
+    loss, tokens, gap_tokens = stats["loss"], stats["tokens"], stats["gap_tokens"]
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)  # a non-finite step would poison the weights: drop it

@@ -1,4 +1,4 @@
-"""Wiring of issue 21's reward and advantage variants into one step's experience; the math is in
+"""Wiring of the reward and advantage variants into one step's experience; the math is in
 grpo/algorithms/lead.py (GRPO-LEAD) and grpo/algorithms/entropy_advantages.py (EDGE-GRPO, GTPO, GRPO-S).
 
     scored groups -> [guided error correction] -> [GRPO-LEAD correctness reward] -> total
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from grpo.algorithms.advantages import estimate_advantages
 from grpo.algorithms.entropy_advantages import ENTROPY_ADVANTAGES, guided_correction_rows
 from grpo.algorithms.lead import DIFFICULTY_WEIGHTINGS, lead_correctness_reward
 from grpo.config import Config
@@ -140,17 +140,15 @@ def advantage_variants(model, groups: Groups, names: list[str], total: torch.Ten
     algo, G = cfg.algorithm, cfg.rollout.num_generations
     correct, rewarded = correctness(groups.per_function, names, cfg)
     correct, rewarded = correct.to(values.device), rewarded.to(values.device)
-    shape = ENTROPY_ADVANTAGES[algo.entropy_advantage]
+    shape, shaping = ENTROPY_ADVANTAGES[algo.entropy_advantage.name], vars(algo.entropy_advantage.params)
     if shape is not None:
         T = mask.shape[1]
         entropy = fixed_logprobs(model, input_ids, attention_mask, T, cfg.rollout.temperature,
                                  cfg.train.micro_batch_size, max_tokens=budget, with_entropy=True)[1]   # [N, T]
-        estimate = lambda r: ADVANTAGE_ESTIMATORS[algo.advantage_estimator](  # noqa: E731
-            r, G, algo.advantage_eps, algo.scale_rewards).values
-        values = shape(total.to(values.device), values, correct, entropy, mask, G, algo.entropy_reward_weight,
-                       estimate, algo.advantage_eps).to(torch.float32)
+        estimate = lambda r: estimate_advantages(algo.advantage, r, G).values  # noqa: E731
+        values = shape(total.to(values.device), values, correct, entropy, mask, G, shaping.get("reward_weight", 0.0),
+                       estimate, algo.advantage.params.eps).to(torch.float32)
         metrics["advantages/entropy_mean"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-    values = DIFFICULTY_WEIGHTINGS[algo.difficulty_weighting](
-        values, correct, rewarded, G, w_min=algo.difficulty_weight_min, w_max=algo.difficulty_weight_max,
-        midpoint=algo.difficulty_midpoint, steepness=algo.difficulty_steepness)
+    weighting = algo.difficulty_weighting                                  # {name, w_min, w_max, midpoint, steepness}
+    values = DIFFICULTY_WEIGHTINGS[weighting.name](values, correct, rewarded, G, **vars(weighting.params))
     return values

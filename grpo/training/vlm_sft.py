@@ -2,15 +2,16 @@
 
     python -m grpo.training.vlm_sft --out grpo/assets/shapes-vqa-sft --steps 300 --batch-size 32 --lr 2e-3 --seed 0
 
+(the command line is grpo/cli/sft.py's vlm_main; the loop is the one SFT loop, grpo.training.sft.sft_steps)
+
 The loss is grpo.training.sft's: next-token cross-entropy on the completion (+ eos) tokens only (build_batch's
 labels); the prompt, its ``<image>`` placeholders included, carries none. Each forward gets the batch's
-pixel_values. Evaluation samples through the trainer's own rollout (the native engine, grpo/rollout/engines/native.py, with the pixel values
-as model_inputs), greedy or at a temperature, and scores with shapes_vqa.accuracy.
+pixel_values. Evaluation is grpo.training.evaluate's (the native engine, grpo/rollout/engines/native.py, with the
+pixel values as model_inputs), greedy or at a temperature, scored with shapes_vqa.accuracy.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -20,16 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from grpo.algorithms.schedule import lr_factor
-from grpo.data.prompts import tokenize_prompts
 from grpo.data.tasks import shapes_vqa
-from grpo.modeling.vlm import (build_image_processor, build_vlm, build_vlm_tokenizer, load_vlm, save_vlm,
-                               vision_rows)
+from grpo.modeling.vlm import build_image_processor, build_vlm, build_vlm_tokenizer, load_vlm, vision_rows
 from grpo.rewards.text import answer_block, think_answer_parts
-from grpo.rollout.engines.native import NativeEngine
-from grpo.rollout.params import SamplingParams
-from grpo.rollout.eos import eos_token_ids
-from grpo.training.experience import decode_completions
-from grpo.training.sft import IGNORE_INDEX, build_batch
+from grpo.training.evaluate import TextMetrics, generate_texts
+from grpo.training.evaluate import evaluate as evaluate_rows
+from grpo.training.sft import IGNORE_INDEX, build_batch, sft_steps
 
 
 def vlm_sft_loss(model, tokenizer, rows: list[dict], worked: list[bool] | None = None) -> torch.Tensor:
@@ -47,34 +44,29 @@ def vlm_sft_loss(model, tokenizer, rows: list[dict], worked: list[bool] | None =
                            ignore_index=IGNORE_INDEX)
 
 
-@torch.no_grad()
 def answer(model, tokenizer, rows: list[dict], temperature: float = 0.0, num_generations: int = 1,
            max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0) -> list[str]:
     """Completions of vision rows through the native engine (grpo/rollout/engine.py; num_generations per row,
-    row-major)."""
-    device = next(model.parameters()).device
-    out = []
-    for start in range(0, len(rows), batch_size):
-        part = rows[start:start + batch_size]
-        batch = tokenize_prompts(tokenizer, part, device)                                # pixel_values -> model_inputs
-        index = torch.arange(start, start + len(part), device=device)
-        params = SamplingParams(n=num_generations, temperature=temperature, max_tokens=max_new_tokens,
-                                stop_token_ids=eos_token_ids(tokenizer, model), seed=seed)
-        gen = NativeEngine(model, tokenizer.pad_token_id).generate(batch.prompt_ids, batch.prompt_mask, params,
-                                                                   prompt_index=index, model_inputs=batch.model_inputs)
-        out += decode_completions(tokenizer, gen)
-    return out
+    row-major), the pixel values as model_inputs: grpo.training.evaluate's decoding."""
+    return generate_texts(model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          temperature=temperature, seed=seed, num_samples=num_generations)
 
 
-def evaluate(model, tokenizer, rows: list[dict], temperature: float = 0.0, num_generations: int = 1,
-             seed: int = 0, max_new_tokens: int = 24) -> dict:
-    """Held-out accuracy (and per question type) of vision rows."""
-    texts = answer(model, tokenizer, rows, temperature, num_generations, max_new_tokens, seed=seed)
-    expanded = [r for r in rows for _ in range(num_generations)]
+def vqa_metrics(texts: list[str], expanded: list[dict]) -> dict:
+    """Accuracy (and per question type), the mode statistics and an example, of completions of vision rows
+    (one row per completion)."""
     per_type = {q: shapes_vqa.accuracy([t for t, r in zip(texts, expanded) if r["qtype"] == q],
                                        [r for r in expanded if r["qtype"] == q]) for q in shapes_vqa.QUESTIONS}
     return {"accuracy": shapes_vqa.accuracy(texts, expanded), "per_type": per_type, "n": len(texts),
             **mode_stats(texts, expanded), "example": texts[0] if texts else ""}
+
+
+def evaluate(model, tokenizer, rows: list[dict], temperature: float = 0.0, num_generations: int = 1,
+             seed: int = 0, max_new_tokens: int = 24) -> dict:
+    """Held-out accuracy (and per question type) of vision rows: grpo.training.evaluate.evaluate with
+    :func:`vqa_metrics` as its summary."""
+    return evaluate_rows(model, tokenizer, rows, [], max_new_tokens=max_new_tokens, temperature=temperature,
+                         seed=seed, num_samples=num_generations, summary=TextMetrics(vqa_metrics))
 
 
 def is_worked(completion: str) -> bool:
@@ -126,71 +118,22 @@ def run_vlm_sft(steps: int, batch_size: int, lr: float, seed: int = 0, num_examp
         noisy = (rng.random(len(rows)) < direct_noise) & ~worked                        # [num_examples] bool
         rows = [{**r, "answer": shapes_vqa.guess_answer(r, rng)} if n else r for r, n in zip(rows, noisy)]
     model.train()
-    for step in range(steps):
+
+    def backward(step: int) -> float:
         idx = [order[(step * batch_size + i) % len(rows)] for i in range(batch_size)]
         loss = vlm_sft_loss(model, tokenizer, [rows[i] for i in idx], [bool(worked[i]) for i in idx])
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        if (step + 1) % log_every == 0 or step == 0:
-            log.append({"step": step + 1, "loss": float(loss.detach()), "s": round(time.perf_counter() - t0, 1)})
+        return float(loss.detach())
+
+    for done in sft_steps(optimizer, scheduler, range(steps), backward, list(model.parameters())):
+        if (done.step + 1) % log_every == 0 or done.step == 0:
+            log.append({"step": done.step + 1, "loss": done.loss, "s": round(time.perf_counter() - t0, 1)})
             print(json.dumps(log[-1]), flush=True)
     model.eval()
     return model, tokenizer, processor, log
 
 
-def weighted_qtypes(spec: str) -> tuple[str, ...]:
-    """"count=6,where=1" -> each named type repeated by its weight, unnamed types once ("" -> every type once)."""
-    weights = {q: 1 for q in shapes_vqa.QUESTIONS}
-    for part in filter(None, spec.split(",")):
-        name, _, w = part.partition("=")
-        if name not in weights or not w.isdigit():
-            raise ValueError(f"--qtype-weights: cannot read {part!r} (NAME=INTEGER, NAME one of {', '.join(weights)})")
-        weights[name] = int(w)
-    return tuple(q for q, w in weights.items() for _ in range(w))
+if __name__ == "__main__":                # python -m grpo.training.vlm_sft: the command line's VLM SFT
+    from grpo.cli.sft import vlm_main
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m grpo.training.vlm_sft", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-examples", type=int, default=4000)
-    p.add_argument("--qtype-weights", default="",
-                   help="question-type weights of the demonstrations, e.g. count=6,where=1 (default: all 1)")
-    p.add_argument("--worked-fraction", type=float, default=1.0, help="share of worked demonstrations (the rest direct)")
-    p.add_argument("--patch-size", type=int, default=8, help="vision tower patch side in pixels (16: one per quadrant)")
-    p.add_argument("--vision-hidden", type=int, default=64, help="width of the vision tower")
-    p.add_argument("--direct-noise", type=float, default=0.0,
-                   help="share of direct demonstrations whose answer is a guess (noisy teacher; worked ones stay right)")
-    p.add_argument("--init", default=None, help="continue from this saved VLM directory (default: a fresh model)")
-    p.add_argument("--eval-examples", type=int, default=400)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    t0 = time.perf_counter()
-    model, tokenizer, processor, log = run_vlm_sft(a.steps, a.batch_size, a.lr, a.seed, a.num_examples,
-                                                  worked_fraction=a.worked_fraction, qtypes=weighted_qtypes(a.qtype_weights),
-                                                  size={"vision_hidden": a.vision_hidden}, patch_size=a.patch_size,
-                                                  direct_noise=a.direct_noise, init=a.init)
-    train_s = time.perf_counter() - t0
-    held = vision_rows(shapes_vqa.generate("test", a.eval_examples, seed=0), processor, model)
-    greedy = evaluate(model, tokenizer, held)
-    sampled = evaluate(model, tokenizer, held, temperature=1.0, num_generations=4)
-    save_vlm(model, tokenizer, processor, a.out)
-    report = {"train_s": round(train_s, 1), "greedy": greedy, "sampled_t1": sampled, "log": log, "args": vars(a)}
-    Path(a.out, "sft_report.json").write_text(json.dumps(report, indent=1))
-    print(json.dumps({"train_s": report["train_s"], "greedy": greedy["accuracy"], "sampled": sampled["accuracy"],
-                      "per_type_greedy": greedy["per_type"],
-                      **{f"{k}_{m}": v for k, d in (("greedy", greedy), ("sampled", sampled))
-                         for m, v in d.items() if m.startswith(("worked", "direct"))}}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(vlm_main())

@@ -325,19 +325,20 @@ def test_micro_batches_add_up_with_every_new_option():
 
 def test_algorithm_defaults_are_valid_and_off():
     a = build_config().algorithm
-    assert (a.scale_rewards, a.reward_combination, a.importance_sampling_level, a.kl_in) == \
-        ("group", "sum_then_normalize", "token", "loss")
-    assert a.clip_ratio_c is None and a.entropy_coef == 0 and a.top_entropy_rho == 1.0
-    assert not a.dynamic_sampling and a.max_sampling_tries == 3 and a.gfpo_sample_size == 0
-    assert a.gfpo_metric == "length" and not a.overlong_filter and a.overlong_cache_fraction == 0
+    assert (a.advantage.name, a.advantage.params.eps, a.advantage.params.scale_rewards) == ("grpo", 1e-4, "group")
+    assert (a.reward_combination, a.importance_sampling_level, a.kl_in) == ("sum_then_normalize", "token", "loss")
+    assert a.policy_loss.params.ratio_c is None and a.entropy_coef == 0 and a.top_entropy_rho == 1.0
+    assert not a.dynamic_sampling and a.max_sampling_tries == 3 and a.gfpo_filter.params.sample_size == 0
+    assert a.gfpo_filter.name == "length" and not a.overlong_filter and a.overlong_cache_fraction == 0
     assert a.overlong_penalty_factor == 1.0 and a.ref_update_steps == 0 and a.ref_mix_alpha == 1.0
 
 
 @pytest.mark.parametrize("key,value", [
-    ("scale_rewards", "token"), ("reward_combination", "max"), ("importance_sampling_level", "segment"),
-    ("clip_ratio_c", 1.0), ("clip_ratio_c", 0.5), ("entropy_coef", -0.1), ("top_entropy_rho", 0.0),
-    ("top_entropy_rho", 1.5), ("kl_in", "advantage"), ("max_sampling_tries", -1), ("gfpo_sample_size", 8),
-    ("gfpo_sample_size", 4), ("gfpo_metric", "reward"), ("overlong_cache_fraction", 1.0),
+    ("advantage.scale_rewards", "token"), ("advantage.eps", -1e-4), ("advantage", "gae"),
+    ("reward_combination", "max"), ("importance_sampling_level", "segment"),
+    ("policy_loss.ratio_c", 1.0), ("policy_loss.ratio_c", 0.5), ("entropy_coef", -0.1), ("top_entropy_rho", 0.0),
+    ("top_entropy_rho", 1.5), ("kl_in", "advantage"), ("max_sampling_tries", -1), ("gfpo_filter.sample_size", 8),
+    ("gfpo_filter.sample_size", 4), ("gfpo_filter", "reward"), ("overlong_cache_fraction", 1.0),
     ("overlong_cache_fraction", -0.1), ("overlong_penalty_factor", -1.0), ("ref_update_steps", -1),
     ("ref_mix_alpha", 0.0), ("ref_mix_alpha", 1.5),
 ])
@@ -347,14 +348,17 @@ def test_bad_algorithm_values_are_rejected_naming_the_key(key, value):
 
 
 @pytest.mark.parametrize("key,value", [
-    ("scale_rewards", "batch"), ("scale_rewards", "none"), ("reward_combination", "normalize_then_sum"),
-    ("importance_sampling_level", "sequence"), ("clip_ratio_c", 3.0), ("entropy_coef", 0.001),
-    ("top_entropy_rho", 0.2), ("kl_in", "reward"), ("gfpo_sample_size", 16), ("gfpo_metric", "token_efficiency"),
+    ("advantage.scale_rewards", "batch"), ("advantage.scale_rewards", "none"), ("advantage.eps", 1e-6),
+    ("advantage", "rloo"), ("reward_combination", "normalize_then_sum"),
+    ("importance_sampling_level", "sequence"), ("policy_loss.ratio_c", 3.0), ("entropy_coef", 0.001),
+    ("top_entropy_rho", 0.2), ("kl_in", "reward"), ("gfpo_filter.sample_size", 16), ("gfpo_filter", "token_efficiency"),
     ("overlong_cache_fraction", 0.2), ("ref_update_steps", 100), ("ref_mix_alpha", 0.5),
 ])
 def test_good_algorithm_values_are_accepted(key, value):
     cfg = build_config(overrides={f"algorithm.{key}": value, "rollout.num_generations": 8})
-    assert getattr(cfg.algorithm, key) == value
+    variant, _, param = key.partition(".")                    # policy_loss.ratio_c: a parameter of the entry
+    got = getattr(cfg.algorithm, variant)
+    assert (getattr(got.params, param) if param else got) == value
 
 
 def test_logprob_gap_is_the_masked_mean_absolute_difference():

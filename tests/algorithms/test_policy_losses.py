@@ -113,11 +113,16 @@ def test_on_policy_every_policy_loss_has_grpos_gradient(name):
     assert torch.allclose(grads[0], -adv[:, None] * mask / mask.sum())
 
 
-def test_params_take_the_algorithm_keys_of_the_same_names():
+@pytest.mark.parametrize("entry, given, field, value", [
+    ("cispo", {"max": 2.5}, "cispo_max", 2.5), ("sapo", {"tau_neg": 1.3}, "sapo_tau_neg", 1.3),
+    ("clip", {"delta": 4.0}, "clip_delta", 4.0), ("vespo", {"k_pos": 1.5}, "vespo_k_pos", 1.5),
+])
+def test_params_take_the_entry_parameters_under_the_entry_prefix(entry, given, field, value):
     from grpo.config import build_config
 
-    algo = build_config(overrides={"algorithm.cispo_max": 2.5, "algorithm.sapo_tau_neg": 1.3,
-                                   "algorithm.clip_delta": 4.0, "algorithm.vespo_k_pos": 1.5}).algorithm
-    p = PolicyLossParams.of(algo)
-    assert (p.cispo_max, p.sapo_tau_neg, p.clip_delta, p.vespo_k_pos) == (2.5, 1.3, 4.0, 1.5)
-    assert (p.sapo_tau_pos, p.vespo_lambda_neg, p.eps_low) == (1.0, 2.0, 0.2)      # untouched: defaults
+    loss = build_config(overrides={"algorithm.policy_loss": {"name": entry, **given}}).algorithm.policy_loss
+    p = PolicyLossParams.of_entry(loss.name, loss.params)
+    assert getattr(p, field) == value
+    assert (p.sapo_tau_pos, p.eps_low) == (1.0, 0.2)                                 # untouched: defaults
+    if entry != "vespo":
+        assert p.vespo_lambda_neg == 2.0

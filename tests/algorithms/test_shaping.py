@@ -249,8 +249,8 @@ def test_process_advantages_degenerate_groups_are_zero():
 
 
 def test_each_shaping_has_one_implementation_and_one_way():
-    """Dr. GRPO: the dr_grpo estimator is grpo with scale_rewards=none (same values); dr_grpo with a batch
-    std is refused. Soft overlong: the reward and algorithm.overlong_cache_fraction give the same penalty,
+    """Dr. GRPO: the dr_grpo estimator is grpo with scale_rewards=none (same values); dr_grpo takes no
+    scale_rewards parameter. Soft overlong: the reward and algorithm.overlong_cache_fraction give the same penalty,
     and configuring both is a one-line error naming both keys."""
     from grpo.algorithms.advantages import ADVANTAGE_ESTIMATORS
     from grpo.config import ConfigError, build_config
@@ -260,8 +260,8 @@ def test_each_shaping_has_one_implementation_and_one_way():
     for scale in ("group", "none"):
         assert torch.equal(ADVANTAGE_ESTIMATORS["dr_grpo"](r, 4, 1e-4, scale).values,
                            ADVANTAGE_ESTIMATORS["grpo"](r, 4, 1e-4, "none").values)
-    with pytest.raises(ConfigError, match="advantage_estimator=dr_grpo means algorithm.scale_rewards=none"):
-        build_config(overrides={"algorithm.advantage_estimator": "dr_grpo", "algorithm.scale_rewards": "batch"})
+    with pytest.raises(ConfigError, match="'algorithm.advantage.scale_rewards': algorithm.advantage dr_grpo takes eps"):
+        build_config(overrides={"algorithm.advantage": {"name": "dr_grpo", "scale_rewards": "batch"}})
     lengths = torch.tensor([10.0, 85.0, 95.0, 100.0])
     as_reward = make_soft_overlong(max_len=100, cache=20)(["p"] * 4, ["x"] * 4, completion_ids=[[1] * int(n) for n in lengths])
     assert as_reward == soft_overlong_penalty(lengths, 100, 20, 1.0).tolist() == pytest.approx([0.0, -0.25, -0.75, -1.0])

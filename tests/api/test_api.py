@@ -31,7 +31,7 @@ def digits(completions, solution, **kwargs):          # TRL's reward signature
 trainer = grpo.Trainer(model, reward_funcs=[digits], train_dataset=rows, tokenizer=tok,
                        config={"max_steps": 2, "num_generations": 4, "learning_rate": 1e-2,
                                "max_completion_length": 6, "train.prompts_per_step": 2,
-                               "log.progress_bar": False, "train.num_threads": 1})
+                               "log.progress_bar": False, "cpu.num_threads": 1})
 result = trainer.train()
 changed = any(not torch.equal(a, b) for a, b in zip(before, result.model.parameters()))
 print("STEPS", result.steps, "CHANGED", changed, "REWARD", "reward/digits/mean" in result.metrics)
@@ -45,7 +45,7 @@ def micro():
 
 def tiny(out, **over):
     return {"max_steps": 2, "num_generations": 4, "learning_rate": 1e-2, "max_completion_length": 6,
-            "train.prompts_per_step": 2, "log.progress_bar": False, "train.num_threads": 1,
+            "train.prompts_per_step": 2, "log.progress_bar": False, "cpu.num_threads": 1,
             "train.output_dir": str(out), **over}
 
 

@@ -18,7 +18,7 @@ def length(completions, **kwargs):
 def trainer(tmp_path, rewards=(length,), train_dataset=ROWS, **over):
     tok = build_tokenizer()
     config = {"num_generations": 2, "per_device_train_batch_size": 4, "steps_per_generation": 2, "num_iterations": 2,
-              "max_steps": 8, "max_completion_length": 4, "log.progress_bar": False, "train.num_threads": 1,
+              "max_steps": 8, "max_completion_length": 4, "log.progress_bar": False, "cpu.num_threads": 1,
               "train.output_dir": str(tmp_path / "run"), "train.save_final": False, **over}
     return grpo.Trainer(build_model(tok, "micro", seed=0), reward_funcs=list(rewards), train_dataset=train_dataset,
                         tokenizer=tok, config=config)

@@ -20,7 +20,7 @@ def digits(completions, solution, **kwargs):
 
 def tiny(out, **over):
     return {"max_steps": 2, "num_generations": 4, "learning_rate": 1e-2, "max_completion_length": 6,
-            "train.prompts_per_step": 2, "log.progress_bar": False, "train.num_threads": 1,
+            "train.prompts_per_step": 2, "log.progress_bar": False, "cpu.num_threads": 1,
             "train.output_dir": str(out), **over}
 
 

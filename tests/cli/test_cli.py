@@ -5,7 +5,8 @@ import sys
 import pytest
 import torch
 
-from grpo.cli.main import main, parse_overrides
+from grpo.cli.common import parse_overrides
+from grpo.cli.main import main
 from grpo.config import ConfigError
 from grpo.modeling.models import build_model, build_tokenizer, load_policy
 
@@ -145,7 +146,7 @@ def test_a_trl_grpo_recipe_trains_through_grpo_train(micro_dir, tmp_path, capsys
         "learning_rate: 1.0e-2\nbeta: 0.0\nloss_type: dapo\nnum_generations: 4\nper_device_train_batch_size: 4\n"
         "gradient_accumulation_steps: 2\nmax_completion_length: 6\nmax_steps: 2\nlogging_steps: 1\n"
         "use_vllm: false\nreport_to: none\nbf16: false\nsave_strategy: 'no'\noutput_dir: run\n")
-    assert main(["train", "--config", "recipe.yaml", "--log.progress_bar", "false", "--train.num_threads", "1"]) == 0
+    assert main(["train", "--config", "recipe.yaml", "--log.progress_bar", "false", "--cpu.num_threads", "1"]) == 0
     err = capsys.readouterr().err
     assert "grpo: TRL keys mapped:" in err and "use_vllm -> rollout.engine" in err
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

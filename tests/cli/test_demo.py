@@ -89,7 +89,7 @@ def test_start_demo_clears_old_metrics_and_sets_threads_and_seed(tmp_path):
         first = torch.rand(3)
         torch.manual_seed(7)
         assert torch.equal(first, torch.rand(3))
-        assert torch.get_num_threads() == 1 == cfg.train.num_threads
+        assert torch.get_num_threads() == 1 == cfg.cpu.num_threads
     finally:
         torch.set_num_threads(threads)
     assert out == target and not (target / "metrics.jsonl").exists() and not (tmp_path / "default").exists()

@@ -57,7 +57,7 @@ def test_grpo_through_the_image_path_learns_a_learnable_reward(tmp_path):
         return [float(answer_block(c) == "red") for c in completions]
 
     cfg = {"max_steps": 20, "num_generations": 8, "learning_rate": 5e-4, "max_completion_length": 24,
-           "train.prompts_per_step": 16, "log.progress_bar": False, "train.num_threads": 1,
+           "train.prompts_per_step": 16, "log.progress_bar": False, "cpu.num_threads": 1,
            "train.output_dir": str(tmp_path / "run"), "rollout.temperature": 1.0}
     grpo.Trainer(model, reward_funcs=[says_red], train_dataset=rows, tokenizer=tok, config=cfg).train()
     reward = [json.loads(line)["reward/says_red/mean"] for line in (tmp_path / "run" / "metrics.jsonl").open()]

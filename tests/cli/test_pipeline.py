@@ -22,7 +22,7 @@ def test_sft_grpo_eval_pipeline_runs_then_skips_finished_stages(tmp_path, capsys
     sft = tmp_path / "sft.jsonl"
     sft.write_text("".join(json.dumps({"prompt": f"{a}+1=", "completion": f"<think></think><answer>{a + 1}</answer>"})
                            + "\n" for a in range(8)))
-    small = {"train.num_threads": 1, "log.progress_bar": "false"}
+    small = {"cpu.num_threads": 1, "log.progress_bar": "false"}
     recipe = {"output_dir": str(tmp_path / "run"), "stages": [
         {"name": "cold", "kind": "sft", "args": {"model": str(model), "dataset": str(sft), "max-steps": 2, **small}},
         {"name": "rl", "kind": "grpo", "args": {"model": "${cold.output}", "max-steps": 1,
@@ -64,7 +64,7 @@ def test_an_interrupted_stage_resumes_from_its_checkpoint(tmp_path, capsys):
     """A stage left `running` in pipeline.json (the process died) is rerun with --resume: a grpo stage
     continues from its newest checkpoint instead of starting again."""
     model = make_micro_dir(tmp_path / "micro")
-    small = {"train.num_threads": 1, "log.progress_bar": "false", "rollout.num_generations": 2,
+    small = {"cpu.num_threads": 1, "log.progress_bar": "false", "rollout.num_generations": 2,
              "train.prompts_per_step": 2, "rollout.max_new_tokens": 4, "train.save_steps": 1}
     run = tmp_path / "run"
     assert main(["train", "--model", str(model), "--max-steps", "1", "--output-dir", str(run / "rl"),

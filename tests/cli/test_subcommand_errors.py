@@ -75,7 +75,7 @@ def test_eval_refuses_an_out_directory_of_a_training_run_before_any_work(world, 
 def test_eval_refuses_an_out_under_a_file_before_evaluating(world, capsys, monkeypatch):
     import grpo.training.evaluate as evaluate
 
-    monkeypatch.setattr(evaluate, "evaluate_samples", lambda *a, **k: pytest.fail("evaluated before the check"))
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: pytest.fail("evaluated before the check"))
     assert main(["eval", "--model", str(world["micro"]), "--out", str(world["afile"] / "x"), "--problems", "2"]) == 2
     one_line_error(capsys, "--out", "is a file")
     assert main(["eval", "--model", str(world["micro"]), "--out", str(world["afile"]), "--problems", "2"]) == 2

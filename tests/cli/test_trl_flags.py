@@ -3,7 +3,8 @@ values parsed as TRL's HfArgumentParser parses them, bad ones one-line errors na
 
 import pytest
 
-from grpo.cli.main import main, parse_overrides, read_given
+from grpo.cli.common import parse_overrides, read_given
+from grpo.cli.main import main
 from grpo.cli.rewards_check import check_config
 from grpo.config import ConfigError
 
@@ -70,7 +71,7 @@ def test_vllm_flags_read_as_trl_reads_them():
 
 
 def test_a_vllm_recipe_file_sets_the_engine(tmp_path):
-    from grpo.cli.main import resolve_given
+    from grpo.cli.common import resolve_given
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("use_vllm: true\nvllm_mode: colocate\nvllm_gpu_memory_utilization: 0.5\n"
@@ -152,14 +153,15 @@ def test_errors_of_combined_trl_keys_name_the_file(tmp_path):
 def test_scale_rewards_none_and_optim_adamw_from_a_recipe_and_flags(tmp_path):
     """TRL's documented `scale_rewards: none` (Dr. GRPO) and transformers' `optim: adamw_torch` in a recipe file and
     as flags; a flag of an optimizer grpo lacks is one line naming TRL's optim key."""
-    from grpo.cli.main import resolve_given
+    from grpo.cli.common import resolve_given
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("scale_rewards: none\noptim: adamw_torch\nloss_type: dr_grpo\n")
     cfg = resolve_given(str(recipe), [], {})
-    assert (cfg.algorithm.scale_rewards, cfg.algorithm.loss_agg_mode) == ("none", "seq-mean-token-sum-norm")
+    assert (cfg.algorithm.advantage.params.scale_rewards, cfg.algorithm.loss_agg_mode) == \
+        ("none", "seq-mean-token-sum-norm")
     cfg = resolve_given(None, ["--scale_rewards", "none", "--optim", "adamw_torch_fused", "--learning_rate", "2e-6"], {})
-    assert (cfg.algorithm.scale_rewards, cfg.optim.lr) == ("none", 2e-6)
+    assert (cfg.algorithm.advantage.params.scale_rewards, cfg.optim.lr) == ("none", 2e-6)
     with pytest.raises(ConfigError, match="TRL flag --optim: 'sgd' is transformers' optimizer name \\(TRL's optim key\\)"):
         resolve_given(None, ["--optim", "sgd"], {})
 

@@ -41,12 +41,13 @@ def test_unknown_key_lists_valid_ones():
     ("rollout.top_p", 0.0, "top_p must be in"),
     ("rollout.min_p", 1.0, "rollout.min_p must be in \\[0, 1\\)"),
     ("algorithm.policy_loss", "ppo", "algorithm.policy_loss must be one of \\['cispo', 'clip', 'sapo', 'vespo'\\]"),
-    ("algorithm.clip_delta", 1.0, "algorithm.clip_delta must be > 1"),
+    ("algorithm.clip_delta", 1.0, "algorithm.policy_loss.delta must be > 1"),   # a flat alias, under clip
     ("algorithm.entropy_control", "pid", "algorithm.entropy_control must be one of \\['adaptive', 'fixed'\\]"),
-    ("algorithm.entropy_coef_min", 2.0, "algorithm.entropy_coef_min <= entropy_coef_max"),
-    ("algorithm.cispo_max", 0.0, "algorithm.cispo_max must be > 0"),
-    ("algorithm.sapo_tau_neg", 0.0, "sapo_tau_pos and sapo_tau_neg must be > 0"),
-    ("algorithm.vespo_lambda_neg", 0.0, "algorithm.vespo_k_\\* must be >= 0 and algorithm.vespo_lambda_\\* > 0"),
+    ("algorithm.entropy_control", {"name": "adaptive", "coef_min": 2.0}, "algorithm.entropy_control.coef_min <= coef_max"),
+    ("algorithm.policy_loss", {"name": "cispo", "max": 0.0}, "algorithm.policy_loss.max must be > 0"),
+    ("algorithm.policy_loss", {"name": "sapo", "tau_neg": 0.0}, "algorithm.policy_loss.tau_pos and tau_neg must be > 0"),
+    ("algorithm.policy_loss", {"name": "vespo", "lambda_neg": 0.0},
+     "algorithm.policy_loss.k_pos, k_neg must be >= 0 and lambda_pos, lambda_neg > 0 \\(vespo\\)"),
     ("rollout.repetition_penalty", 0.0, "rollout.repetition_penalty must be > 0"),
 ])
 def test_bad_values_name_the_key(key, value, message):
@@ -156,8 +157,12 @@ def test_repetition_penalty_is_for_single_turn_rollouts():
 
 
 def test_dual_clip_and_delta_belong_to_the_clip_loss():
-    with pytest.raises(ConfigError, match="with policy_loss sapo leave them empty"):
-        build_config(overrides={"algorithm.policy_loss": "sapo", "algorithm.clip_ratio_c": 3.0})
+    with pytest.raises(ConfigError, match="unknown parameter 'algorithm.policy_loss.ratio_c': algorithm.policy_loss "
+                                          "sapo takes tau_pos, tau_neg"):
+        build_config(overrides={"algorithm.policy_loss": "sapo", "algorithm.policy_loss.ratio_c": 3.0})
+    # the flat alias sets the clip entry's parameter: under sapo it changes nothing, as the flat key did not
+    cfg = build_config(overrides={"algorithm.policy_loss": "sapo", "algorithm.clip_ratio_c": 3.0})
+    assert cfg.algorithm.policy_loss.as_dict() == {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05}
 
 
 def test_the_reserved_run_files_are_the_names_the_run_writes():

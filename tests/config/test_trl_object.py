@@ -130,7 +130,7 @@ def test_vllm_fields_map_when_set_and_their_defaults_change_nothing():
     assert cfg == build_config(overrides={**TRL_DEFAULTS, "rollout.engine": "vllm",
                                           "rollout.vllm.gpu_memory_utilization": 0.5,
                                           "rollout.vllm.max_model_length": 1024})
-    assert (cfg.algorithm.rollout_correction, cfg.algorithm.rollout_correction_max) == ("sequence_mask", 3.0)
+    assert (cfg.algorithm.rollout_correction, cfg.algorithm.rollout_correction.params.max) == ("sequence_mask", 3.0)
     assert (cfg.rollout.vllm.mode, cfg.rollout.vllm.model_impl) == ("colocate", "auto")
     off = resolve_config(GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=False, vllm_mode="server"))
     assert (off.rollout.engine, off.rollout.vllm.mode, off.algorithm.rollout_correction) == ("vllm", "server", "none")
@@ -180,7 +180,8 @@ def test_a_real_grpo_config_maps_what_the_user_set(tmp_path):
                                lr_scheduler_type="cosine", save_strategy="no", scale_rewards=False, use_cpu=True,
                                optim="adamw_torch", loss_type="grpo", beta=0.04))
     assert (cfg.train.max_steps, cfg.train.prompts_per_step, cfg.algorithm.mini_batches) == (4, 8, 2)
-    assert (cfg.optim.lr_scheduler, cfg.train.save_steps, cfg.algorithm.scale_rewards) == ("cosine", 0, "none")
+    assert (cfg.optim.lr_scheduler, cfg.train.save_steps, cfg.algorithm.advantage.params.scale_rewards) == \
+        ("cosine", 0, "none")
     assert (cfg.model.device, cfg.algorithm.loss_agg_mode, cfg.algorithm.beta) == ("cpu", "seq-mean-token-mean", 0.04)
     assert (cfg.rollout.max_new_tokens, cfg.train.seed, cfg.optim.adam_beta2) == (6, 42, 0.999)
 
@@ -193,8 +194,7 @@ def test_a_real_grpo_config_with_vllm(tmp_path):
     assert cfg.rollout.engine == "vllm"
     assert (vllm.mode, vllm.gpu_memory_utilization, vllm.tensor_parallel_size, vllm.enable_sleep_mode,
             vllm.max_model_length, vllm.model_impl) == ("colocate", 0.5, 2, True, 2048, "auto")
-    assert (cfg.algorithm.rollout_correction, cfg.algorithm.rollout_correction_max,
-            cfg.algorithm.rollout_correction_min) == ("sequence_mask", 3.0, None)       # TRL's defaults
+    assert cfg.algorithm.rollout_correction.as_dict() == {"name": "sequence_mask", "min": None, "max": 3.0}   # TRL's
     assert (cfg.rollout.top_k, cfg.rollout.max_new_tokens) == (20, 64)
     server = resolve_config(_real(output_dir=str(tmp_path), use_vllm=True, vllm_mode="server",
                                   vllm_server_base_url="http://gen:8000", vllm_importance_sampling_correction=False))

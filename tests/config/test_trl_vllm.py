@@ -21,8 +21,7 @@ def test_a_vllm_recipe_builds_the_vllm_engine_with_its_settings():
     assert (vllm.enable_sleep_mode, vllm.max_model_length, vllm.model_impl) == (True, 2048, "vllm")
     assert (cfg.optim.lr, cfg.rollout.temperature) == (1e-6, 0.9)
     # TRL's vllm_importance_sampling_correction (true), _mode (sequence_mask), _clip_max (3.0), _clip_min (None)
-    assert (cfg.algorithm.rollout_correction, cfg.algorithm.rollout_correction_max,
-            cfg.algorithm.rollout_correction_min) == ("sequence_mask", 3.0, None)
+    assert cfg.algorithm.rollout_correction.as_dict() == {"name": "sequence_mask", "min": None, "max": 3.0}
 
 
 def test_server_mode_keys():
@@ -78,9 +77,8 @@ def test_the_default_applies_to_flags_and_overrides_too():
                         ).algorithm.rollout_correction == "token_mask"
     bounds = build_config(overrides={"rollout.engine": "vllm", "algorithm.rollout_correction_max": 2.0,
                                      "algorithm.rollout_correction_min": 0.5}).algorithm
-    assert (bounds.rollout_correction, bounds.rollout_correction_min, bounds.rollout_correction_max) == (
-        "sequence_mask", 0.5, 2.0)
-    from grpo.cli.main import resolve_given
+    assert bounds.rollout_correction.as_dict() == {"name": "sequence_mask", "min": 0.5, "max": 2.0}
+    from grpo.cli.common import resolve_given
 
     cfg = resolve_given(None, ["--use_vllm", "--vllm_mode", "server", "--vllm_server_port", "8011"], {})
     assert (cfg.rollout.engine, cfg.rollout.vllm.mode, cfg.rollout.vllm.server_port) == ("vllm", "server", 8011)

@@ -44,7 +44,7 @@ def test_grpo_and_eval_run_on_the_strings_task(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--model", str(model), "--output-dir", str(out), "--max-steps", "1", "--data.task", "strings",
                  "--rollout.num_generations", "2", "--train.prompts_per_step", "2", "--rollout.max_new_tokens", "4",
-                 "--log.progress_bar", "false", "--train.num_threads", "1"]) == 0
+                 "--log.progress_bar", "false", "--cpu.num_threads", "1"]) == 0
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert "reward/exact_match/mean" in record and "reward/format/mean" in record
     capsys.readouterr()

@@ -65,7 +65,7 @@ def run(tool_model, out, env, parser, steps=2, **over):
     rows = [{"prompt": f"{a}*{b}+1=", "answer": str(a * b + 1)} for a, b in [(12, 3), (45, 6), (7, 89), (10, 11)]]
     flat = {"rollout.num_generations": 4, "rollout.max_new_tokens": 40, "rollout.tool_parser": parser,
             "rollout.tool_timeout_s": 0.2, "rollout.max_observation_chars": 32, "train.prompts_per_step": 2,
-            "train.max_steps": steps, "train.num_threads": 1, "train.output_dir": str(out), "log.progress_bar": False,
+            "train.max_steps": steps, "cpu.num_threads": 1, "train.output_dir": str(out), "log.progress_bar": False,
             "optim.lr": 1e-3, "train.save_final": False, **over}
     return Trainer(str(tool_model), reward_funcs=["exact_match"], train_dataset=rows, config=flat, env=env).train()
 
@@ -121,7 +121,7 @@ def test_turn_rewards_reach_rewards_and_the_process_advantages(tool_model, tmp_p
     parser_file.write_text("def parse(body):\n    return 'anything', {}\n")
     rows = [{"prompt": f"{a}*{b}+1=", "answer": str(a * b + 1)} for a, b in [(12, 3), (45, 6)]]
     flat = {"rollout.num_generations": 4, "rollout.max_new_tokens": 40, "rollout.tool_parser": f"{parser_file}:parse",
-            "train.prompts_per_step": 2, "train.max_steps": 2, "train.num_threads": 1, "log.progress_bar": False,
+            "train.prompts_per_step": 2, "train.max_steps": 2, "cpu.num_threads": 1, "log.progress_bar": False,
             "train.output_dir": str(tmp_path / "run"), "train.save_final": False, "optim.lr": 1e-3}
     result = Trainer(str(tool_model), reward_funcs=[turn_sum], train_dataset=rows, config=flat, env=PayingEnv).train()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""The beta sweep (issue 20 item 4), on the 2-D mixture where it runs in about a minute: a conditional MLP
+"""The beta sweep of Flow-GRPO, on the 2-D mixture where it runs in about a minute: a conditional MLP
 flow is pre-trained until it puts every sample in the asked component (gold = 1), then Flow-GRPO optimises
 the hackable proxy `rightward` (the x coordinate, whatever was asked). With beta = 0 the proxy soars, the
 KL grows and the gold metric falls (the samples of left components move right); a large beta keeps the

@@ -1,4 +1,4 @@
-"""Faithfulness of the samplers (issue 20 item 4): noise_level 0 is the ODE sampler, the SDE keeps the ODE's
+"""Faithfulness of the flow samplers: noise_level 0 is the ODE sampler, the SDE keeps the ODE's
 marginals on the 2-D mixture with its exact velocity, and stored log-probs recompute to ratio 1 exactly."""
 
 import pytest

@@ -6,10 +6,11 @@ import torch
 import transformers
 
 from grpo.rollout import sample
-from grpo.modeling import native_gemm
+from grpo.cpu import native_gemm
 from grpo.modeling.decoder import lean_decoder
 from grpo.modeling.decoder import positions_from_mask
 from grpo.rollout.sampler import prefill
+from grpo.rollout.params import Prompts, SamplingParams
 from tests.rollout.test_rollout import make_prompts, sampled_eos  # same VOCAB and PAD
 
 VOCAB = 64
@@ -61,13 +62,13 @@ def last_logits(model, ids, mask):
 def packing(monkeypatch, pack):
     """The rollout's weights for `pack`: native (grpo's decode kernel, skipped where it cannot run), onednn, or
     None (not packed: CUDA's and autocast dtypes' path). Returns the packed weights' type check."""
-    import grpo.modeling.decoder as decoder_module
+    from grpo.cpu.hooks import CpuRolloutWeights
 
     if pack == "native" and native_gemm.library() is None:
         pytest.skip(f"native decode kernel: {native_gemm.unavailable_reason()}")
     monkeypatch.setitem(native_gemm._modes, "decode", "native" if pack == "native" else "onednn")
-    if pack is None:
-        monkeypatch.setattr(decoder_module, "can_prepack", lambda *a: False)
+    if pack is None:                                   # the rollout hook packs nothing (as off the CPU)
+        monkeypatch.setattr(CpuRolloutWeights, "pack_rows", lambda *a: None)
     return {"native": lambda w: type(w) is native_gemm.PanelWeight, "onednn": lambda w: w.is_mkldnn,
             None: lambda w: type(w) is not native_gemm.PanelWeight and not w.is_mkldnn}[pack]
 
@@ -107,9 +108,9 @@ def test_decode_steps_match_full_forward(kind, pack, monkeypatch):
 @torch.no_grad()
 @pytest.mark.parametrize("pack", ["native", "onednn", None])
 def test_decode_step_runs_a_plain_lm_head_through_the_cpu_kernel(monkeypatch, pack):
-    """The LM head of a decode step goes through grpo.modeling.cpu_kernels.linear, like the projections: as this
+    """The LM head of a decode step goes through grpo.cpu.kernels.linear, like the projections: as this
     rollout's packed copy on CPU float32 (native or oneDNN), else as the head's own weight."""
-    import grpo.modeling.decoder as decoder_module
+    import grpo.cpu.hooks as cpu_hooks
 
     packed = packing(monkeypatch, pack)
     model = make_model("qwen2")
@@ -118,8 +119,8 @@ def test_decode_step_runs_a_plain_lm_head_through_the_cpu_kernel(monkeypatch, pa
     state = decoder.start(prefill(model, ids, mask)[1], mask, 2, 2)
     assert (state.head is not None) == (pack is not None) and (pack is None or packed(state.head))
     weights = []
-    real = decoder_module.linear
-    monkeypatch.setattr(decoder_module, "linear", lambda x, w, b=None: weights.append(w) or real(x, w, b))
+    real = cpu_hooks.linear                              # the CPU runtime's rollout hook multiplies through it
+    monkeypatch.setattr(cpu_hooks, "linear", lambda x, w, b=None: weights.append(w) or real(x, w, b))
     logits = decoder.step(state, torch.ones(state.num_rows, dtype=torch.long))
     assert any(w is (state.head if pack else model.lm_head.weight) for w in weights)
     assert logits.shape == (state.num_rows, VOCAB)
@@ -131,7 +132,7 @@ def test_decode_steps_under_bf16_autocast_match_hf_forward(kind):
     """train.precision bf16: the lean decoder (its projections through oneDNN-switched linears) under
     autocast == the Hugging Face full forward under autocast, within bfloat16 rounding: both differ
     from float32 by about as much as from each other (~0.01 on logits of ~2)."""
-    from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.cpu.placement import use_cpu_matmul
 
     model = make_model(kind)
     use_cpu_matmul(model, "onednn")
@@ -164,11 +165,10 @@ def test_decode_steps_under_bf16_autocast_match_hf_forward(kind):
 def test_lean_sampling_equals_hf_path(kind, temperature, top_k, top_p):
     model = make_model(kind)
     ids, mask = make_prompts()
-    kw = dict(num_generations=4, max_new_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p,
-              pad_token_id=PAD)
-    kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 5, **kw)  # row 0 (at least) stops early: rows are dropped
-    lean = sample(model, ids, mask, seed=5, **kw)
-    hf = sample(model, ids, mask, seed=5, lean=False, **kw)
+    params = SamplingParams(n=4, max_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, seed=5)
+    params = sampled_eos(model, Prompts(ids, mask), params, 2)  # row 0 (at least) stops early: rows are dropped
+    lean = sample(model, Prompts(ids, mask), params, pad_token_id=PAD)
+    hf = sample(model, Prompts(ids, mask), params, pad_token_id=PAD, lean=False)
     assert torch.equal(lean.completion_ids, hf.completion_ids)
     assert torch.equal(lean.completion_mask, hf.completion_mask)
     assert torch.equal(lean.truncated, hf.truncated)
@@ -181,8 +181,8 @@ def test_lean_greedy_matches_generate(kind):
     model = make_model(kind)
     ids, mask = make_prompts()
     G = 2
-    gen = sample(model, ids, mask, num_generations=G, max_new_tokens=8, temperature=0, eos_token_id=VOCAB + 1,
-                 pad_token_id=PAD)
+    gen = sample(model, Prompts(ids, mask),
+                 SamplingParams(n=G, max_tokens=8, temperature=0, stop_token_ids=(VOCAB + 1,)), pad_token_id=PAD)
     ref = model.generate(input_ids=ids.repeat_interleave(G, 0), attention_mask=mask.repeat_interleave(G, 0),
                          do_sample=False, max_new_tokens=8, eos_token_id=VOCAB + 1, pad_token_id=PAD)
     assert torch.equal(gen.completion_ids, ref[:, ids.size(1):])
@@ -193,8 +193,8 @@ def test_unsupported_models_fall_back_to_hf_forward(kind):
     model = make_model(kind)
     assert lean_decoder(model) is None
     ids, mask = make_prompts()
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=6, temperature=0, eos_token_id=VOCAB + 1,
-                 pad_token_id=PAD)
+    gen = sample(model, Prompts(ids, mask),
+                 SamplingParams(n=2, max_tokens=6, temperature=0, stop_token_ids=(VOCAB + 1,)), pad_token_id=PAD)
     ref = model.generate(input_ids=ids.repeat_interleave(2, 0), attention_mask=mask.repeat_interleave(2, 0),
                          do_sample=False, max_new_tokens=6, eos_token_id=VOCAB + 1, pad_token_id=PAD)
     assert torch.equal(gen.completion_ids, ref[:, ids.size(1):])
@@ -231,4 +231,5 @@ def test_sampling_raises_no_cache_deprecation_warning():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*past_key_values.*")
         for m in (make_model("gpt2"), make_model("qwen2")):   # the model's own forward, then the lean decoder
-            sample(m, ids, mask, num_generations=2, max_new_tokens=3, eos_token_id=1, pad_token_id=PAD, seed=0)
+            sample(m, Prompts(ids, mask),
+                   SamplingParams(n=2, max_tokens=3, stop_token_ids=(1,), seed=0), pad_token_id=PAD)

@@ -5,9 +5,10 @@ not divide the tokens, in-place weight gradients and tied weights; and where it 
 import pytest
 import torch
 
-from grpo.modeling import cpu_kernels, fused_head, workspace
-from grpo.modeling.cpu_kernels import DnnLinear, onednn_works
-from grpo.modeling.grad_in_place import GradIntoLinear
+from grpo.cpu import kernels as cpu_kernels, workspace
+from grpo.modeling import fused_head
+from grpo.cpu.kernels import DnnLinear, onednn_works
+from grpo.cpu.grad_in_place import GradIntoLinear
 from grpo.modeling.logprobs import chunked_head
 
 
@@ -157,8 +158,9 @@ def test_where_it_applies():
     dnn = torch.nn.Linear(8, 10)
     dnn.__class__ = DnnLinear
     assert fused_head.applies(dnn, h)                                             # float32 oneDNN: oneDNN products
-    assert fused_head.uses_onednn(dnn, h) == onednn_works() and not fused_head.uses_onednn(torch.nn.Linear(8, 10), h)
-    assert not fused_head.uses_onednn(DnnLinear(8, 10).double(), h.double())      # float64: torch.mm's products
+    assert (fused_head.fast_gemm(dnn, h) is not None) == onednn_works()           # the class's own GEMMs (hooks)
+    assert fused_head.fast_gemm(torch.nn.Linear(8, 10), h) is None
+    assert fused_head.fast_gemm(DnnLinear(8, 10).double(), h.double()) is None    # float64: torch.mm's products
     with torch.autocast("cpu", dtype=torch.bfloat16):                             # bf16 autocast: products in bf16
         assert fused_head.applies(torch.nn.Linear(8, 10), h) and fused_head.applies(dnn, h)
         assert fused_head.applies(torch.nn.Linear(8, 10).bfloat16(), h)          # a reference's stored bf16 head
@@ -224,14 +226,14 @@ def test_bf16_autocast_equals_autocasts_checkpointed_chunks(monkeypatch, kind, i
 @pytest.mark.parametrize("bias,into,entropy_grad,tau", [(True, False, True, 0.8), (False, True, False, 1.0),
                                                         (True, True, True, 1.0)])
 def test_float32_onednn_head_equals_the_float64_formula(monkeypatch, bias, into, entropy_grad, tau):
-    """A float32 DnnLinear head (`model.cpu_matmul`) keeps its products in oneDNN: logits in vocabulary-column blocks
+    """A float32 DnnLinear head (`cpu.cpu_matmul`) keeps its products in oneDNN: logits in vocabulary-column blocks
     copied into the buffer, dL/dW in vocabulary-row blocks added in place (into autograd's dW or .grad), rows padded
     to a multiple of 16 (37 tokens: 11 zero rows; chunk 20 -> 16). Values and gradients equal the float64 formula
     to float32 rounding, and every product was a oneDNN call."""
     monkeypatch.setattr(cpu_kernels, "BLOCK_BYTES", 16 * 4 * 64)    # 64-column / 64-row blocks: 4 of them, last short
     calls = []
-    real = fused_head._dnn
-    monkeypatch.setattr(fused_head, "_dnn", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = cpu_kernels.OneDnnGemm.mm
+    monkeypatch.setattr(cpu_kernels.OneDnnGemm, "mm", staticmethod(lambda *a: calls.append(a[0].shape) or real(*a)))
     h, w, b, tokens, g_logp, g_ent = leaves(M=37, H=8, V=200, bias=bias)
     head = torch.nn.Linear(8, 200, bias=bias)
     with torch.no_grad():

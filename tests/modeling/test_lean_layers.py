@@ -5,7 +5,8 @@ import copy
 import pytest
 import torch
 
-from grpo.modeling.cpu_kernels import onednn_works, use_cpu_matmul
+from grpo.cpu.kernels import onednn_works
+from grpo.cpu.placement import use_cpu_matmul
 from grpo.modeling.lean_layers import RMSNormFn, SwiGLUFn, lean_mlps, use_lean_layers
 from tests.conftest import tiny_qwen2
 
@@ -18,9 +19,9 @@ def rms_norm_64(x, w, eps):
 
 @pytest.mark.parametrize("mode,h", [("auto", 16), ("auto", 100), ("torch", 16)])
 def test_rms_norm_matches_float64_formula_and_its_gradients(monkeypatch, mode, h):
-    """Through grpo's native passes (`train.elementwise_kernel` auto, where built; 100 features: vector tails and a
+    """Through grpo's native passes (`cpu.elementwise_kernel` auto, where built; 100 features: vector tails and a
     partial column block) or torch's operators."""
-    from grpo.modeling import native_gemm
+    from grpo.cpu import native_gemm
 
     monkeypatch.setitem(native_gemm._modes, "elementwise", mode)
     g = torch.Generator().manual_seed(0)
@@ -47,7 +48,9 @@ def test_swiglu_matches_the_stock_formula(onednn):
     wg, wu = (torch.randn(12, 8, generator=g, dtype=dtype).requires_grad_() for _ in range(2))
     wd = torch.randn(8, 12, generator=g, dtype=dtype).requires_grad_()
     gy = torch.randn(7, 8, generator=g, dtype=dtype)
-    y = SwiGLUFn.apply(x, wg, wu, wd, onednn)
+    from grpo.cpu.kernels import DnnLinear
+
+    y = SwiGLUFn.apply(x, wg, wu, wd, DnnLinear.gemm if onednn else None)   # the class's GEMMs, or torch's
     grads = torch.autograd.grad(y, (x, wg, wu, wd), gy)
     leaves = [t.detach().double().requires_grad_() for t in (x, wg, wu, wd)]
     x64, wg64, wu64, wd64 = leaves
@@ -88,10 +91,10 @@ def test_switched_model_trains_like_the_stock_one(matmul):
 
 @pytest.mark.parametrize("in_place,kernel", [(True, "onednn"), (True, "native"), (False, "onednn")])
 def test_onednn_mlp_weight_gradients_go_into_grad_in_place_over_micro_batches(in_place, kernel, monkeypatch):
-    """train.grad_in_place with oneDNN projections: the lean MLP's weight gradients become / are added to .grad
+    """cpu.grad_in_place with oneDNN projections: the lean MLP's weight gradients become / are added to .grad
     directly (autograd receives None for them), over two accumulated micro-batches, equal to the stock model's;
-    by oneDNN's products or by the native kernel (`train.grad_kernel`, which writes them in place: counted)."""
-    from grpo.modeling import native_gemm
+    by oneDNN's products or by the native kernel (`cpu.grad_kernel`, which writes them in place: counted)."""
+    from grpo.cpu import native_gemm
 
     if not onednn_works():
         pytest.skip("oneDNN matmul not available")
@@ -195,7 +198,7 @@ def test_deepcopy_binds_the_lean_forward_to_the_copy():
 
 @pytest.mark.skipif(not onednn_works(), reason="no oneDNN in this torch build")
 def test_auto_turns_lean_layers_on_only_where_the_mlps_run_through_onednn():
-    from grpo.modeling.lean_layers import onednn_mlps, resolve_lean_layers
+    from grpo.cpu.placement import onednn_mlps, resolve_lean_layers
 
     model = tiny_qwen2().float()
     assert not onednn_mlps(model)
@@ -209,13 +212,13 @@ def test_auto_turns_lean_layers_on_only_where_the_mlps_run_through_onednn():
 
 
 def test_train_resolves_lean_layers_after_placing_the_model(monkeypatch):
-    """resolve_model decides `train.lean_layers` auto once model.cpu_matmul has switched the linears."""
+    """The CPU runtime decides `train.lean_layers` auto once cpu.cpu_matmul has switched the linears."""
     from grpo.api.inputs import resolve_model
     from grpo.config import build_config
     from grpo.training.runtime import build_runtime
 
     seen = {}
-    import grpo.modeling.lean_layers as lean
+    import grpo.cpu.placement as lean
 
     real = lean.resolve_lean_layers
 
@@ -224,7 +227,7 @@ def test_train_resolves_lean_layers_after_placing_the_model(monkeypatch):
         return real(setting, model, world_size)
 
     monkeypatch.setattr(lean, "resolve_lean_layers", spy)
-    cfg = build_config(overrides={"model.cpu_matmul": "onednn" if onednn_works() else "aten"})
+    cfg = build_config(overrides={"cpu.cpu_matmul": "onednn" if onednn_works() else "aten"})
     model, _ = resolve_model(None, None, cfg, build_runtime(cfg))          # the embedded model
     expected = "DnnLinear" if onednn_works() else "GradIntoLinear"
     assert expected in seen["linears"]

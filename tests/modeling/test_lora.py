@@ -12,6 +12,7 @@ from grpo.modeling.reference import AdapterDisabled, FrozenCopy, build_reference
 from grpo.modeling.lora import (apply_lora, base_model_path, is_lora, peft_lora_config,
                        trainable_parameter_names)
 from grpo.rollout import sample
+from grpo.rollout.params import Prompts, SamplingParams
 from tests.conftest import tiny_qwen2
 
 VOCAB = 32
@@ -162,7 +163,8 @@ def test_sampler_on_lora_model_keeps_logits_to_keep_and_matches_logprobs(kind):
     model.get_base_model().register_forward_pre_hook(
         lambda m, a, kw: seen.append(kw.get("logits_to_keep")), with_kwargs=True)
     ids, mask = batch(n=3, length=6)
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=5, eos_token_id=1, pad_token_id=0, seed=0)
+    gen = sample(model, Prompts(ids, mask),
+                 SamplingParams(n=2, max_tokens=5, stop_token_ids=(1,), seed=0), pad_token_id=0)
     assert seen and all(k == 1 for k in seen)  # only the last position goes through the LM head
     full_ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
     full_mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)

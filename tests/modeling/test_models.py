@@ -168,6 +168,7 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Lla
 from grpo.modeling.logprobs import completion_logprobs  # noqa: E402
 from grpo.modeling.models import check_model_dir, resolve_dtype  # noqa: E402
 from grpo.rollout import sample  # noqa: E402
+from grpo.rollout.params import Prompts, SamplingParams
 
 PROMPTS = ["1+2=", "10+20+30=", "7*8=", "99-1+4*2="]  # different lengths -> left padding
 
@@ -242,8 +243,8 @@ def test_sampler_and_logprobs_agree_on_any_architecture(kind, temperature, tmp_p
     model, tok = load_policy(tmp_path)
     batch = tok(PROMPTS, padding=True, return_tensors="pt")
     assert (batch["attention_mask"] == 0).any()
-    gen = sample(model, batch["input_ids"], batch["attention_mask"], num_generations=3, max_new_tokens=10,
-                 temperature=temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0)
+    params = SamplingParams(n=3, max_tokens=10, temperature=temperature, stop_token_ids=(tok.eos_token_id,), seed=0)
+    gen = sample(model, Prompts(batch["input_ids"], batch["attention_mask"]), params, pad_token_id=tok.pad_token_id)
     ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)                      # [N, P + T]
     mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)                   # [N, P + T]
     T, on = gen.completion_ids.size(1), gen.completion_mask.bool()

@@ -15,7 +15,8 @@ from grpo.modeling.precision import (active_dtype, autocast, autocast_dtype, cas
                             loss_scaler, paused, rollout_autocast, rollout_precision)
 from grpo.rollout import sample
 from grpo.types import TrainBatch
-from grpo.training.update import build_optimizer, policy_update
+from grpo.training.update import UpdateSettings, build_optimizer, policy_update
+from grpo.rollout.params import Prompts, SamplingParams
 from tests.run_helpers import final_weights, make_micro_dir, make_reward, records, run_in_process, tiny_config
 
 CPU = torch.device("cpu")
@@ -31,8 +32,9 @@ def rollout_batch(model, tok, seed: int = 0) -> TrainBatch:
     (so the ratio and the KL are not trivially 1 and 0) and advantages of non-zero mean (a loss of O(1))."""
     g = torch.Generator().manual_seed(seed)
     enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
-    gen = sample(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=8,
-                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=seed)
+    gen = sample(model, Prompts(enc["input_ids"], enc["attention_mask"]),
+                 SamplingParams(n=4, max_tokens=8, stop_token_ids=(tok.eos_token_id,), seed=seed),
+                 pad_token_id=tok.pad_token_id)
     ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)                 # [8, P + T]
     mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)              # [8, P + T]
     T = gen.completion_ids.shape[1]
@@ -49,8 +51,8 @@ def one_update(model, batch, precision: str, scaler=None):
     opt, sched = build_optimizer(model, OptimConfig(lr=1e-3), 10)
     algo = AlgorithmConfig(beta=0.04, num_iterations=2, entropy_coef=0.01)
     with autocast(CPU, precision):
-        stats = policy_update(model, opt, sched, batch, algo, temperature=1.0, micro_batch_size=3,
-                              max_grad_norm=1.0, scaler=scaler)
+        stats = policy_update(model, opt, sched, batch, algo,
+                              UpdateSettings(temperature=1.0, micro_batch_size=3, max_grad_norm=1.0, scaler=scaler))
     return stats, opt
 
 
@@ -95,13 +97,14 @@ def test_bf16_rollout_beside_fp32_training_samples_from_the_bf16_policy():
     model, tok = micro_policy()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
-    args = dict(num_generations=4, max_new_tokens=8, eos_token_id=-1, pad_token_id=tok.pad_token_id, seed=3)
+    prompts, pad = Prompts(enc["input_ids"], enc["attention_mask"]), tok.pad_token_id
+    params = SamplingParams(n=4, max_tokens=8, stop_token_ids=(-1,), seed=3)
     with autocast(CPU, "fp32"):
         with rollout_autocast(CPU, "bf16", "fp32"):
-            ours = sample(model, enc["input_ids"], enc["attention_mask"], **args)
-        exact = sample(model, enc["input_ids"], enc["attention_mask"], **args)
+            ours = sample(model, prompts, params, pad_token_id=pad)
+        exact = sample(model, prompts, params, pad_token_id=pad)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        direct = sample(model, enc["input_ids"], enc["attention_mask"], **args)
+        direct = sample(model, prompts, params, pad_token_id=pad)
     assert torch.equal(ours.completion_ids, direct.completion_ids)
     assert torch.equal(ours.sampling_logprobs, direct.sampling_logprobs)
     same = (ours.completion_ids == exact.completion_ids).long().cumprod(1).bool()   # [8, T] same tokens so far
@@ -174,8 +177,9 @@ def test_bf16_rollout_logprobs_agree_with_the_training_pass():
     model, tok = micro_policy()
     enc = tok(["12+7=", "3*4="], return_tensors="pt", padding=True)
     with autocast(CPU, "bf16"):
-        gen = sample(model, enc["input_ids"], enc["attention_mask"], num_generations=4, max_new_tokens=8,
-                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=0)
+        gen = sample(model, Prompts(enc["input_ids"], enc["attention_mask"]),
+                     SamplingParams(n=4, max_tokens=8, stop_token_ids=(tok.eos_token_id,), seed=0),
+                     pad_token_id=tok.pad_token_id)
         ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)             # [8, P + T]
         mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
         logp = fixed_logprobs(model, ids, mask, gen.completion_ids.shape[1])  # [8, T]
@@ -255,14 +259,15 @@ def test_trainer_keeps_a_refreshed_reference_in_float32(tmp_path):
 @pytest.mark.parametrize("mode", ["onednn", "aten"])
 def test_trainable_casts_give_autocast_values_and_gradients(mode, monkeypatch):
     """The update's casts of trainable weights of the CPU runtime's linears (oneDNN's DnnLinear; aten's
-    GradIntoLinear with `train.grad_in_place`), made once, a new autograd node at each use, give autocast's own
+    GradIntoLinear with `cpu.grad_in_place`), made once, a new autograd node at each use, give autocast's own
     log-probs bit for bit, and its gradients up to the order of accumulation: a weight used twice in a
     micro-batch (shared prompt pass, then completions) has its two bfloat16 gradients summed in float32 here,
     in bfloat16 by autocast's cached cast, so these are a little closer to float32's."""
     from contextlib import nullcontext
 
-    from grpo.modeling.cpu_kernels import DnnLinear, use_cpu_matmul
-    from grpo.modeling.grad_in_place import GradIntoLinear
+    from grpo.cpu.kernels import DnnLinear
+    from grpo.cpu.placement import use_cpu_matmul
+    from grpo.cpu.grad_in_place import GradIntoLinear
 
     model, tok = micro_policy()
     batch = rollout_batch(model, tok)
@@ -282,11 +287,11 @@ def test_trainable_casts_give_autocast_values_and_gradients(mode, monkeypatch):
     plain = logp_and_grads("bf16", nullcontext())
     with cast_trainable_linears(model, CPU):
         assert all(m.cast_weight is None for m in linears)                  # no autocast: nothing cast
-    from grpo.modeling import grad_in_place
+    from grpo.modeling import in_place
 
     uses = []
-    real = grad_in_place._ReusedCast.forward
-    monkeypatch.setattr(grad_in_place._ReusedCast, "forward",
+    real = in_place.ReusedCast.forward
+    monkeypatch.setattr(in_place.ReusedCast, "forward",
                         staticmethod(lambda ctx, w, c, into=False: uses.append(w) or real(ctx, w, c, into)))
     casts = cast_trainable_linears(model, CPU)
     cast = logp_and_grads("bf16", casts)
@@ -375,10 +380,11 @@ def test_fp16_loss_scale_is_checkpointed_and_restored(tmp_path):
 
 
 def test_cast_weight_gradients_go_into_grad_in_place():
-    """`train.grad_in_place` under bf16: each oneDNN linear's bfloat16 weight gradient is added into the float32
+    """`cpu.grad_in_place` under bf16: each oneDNN linear's bfloat16 weight gradient is added into the float32
     ``.grad`` in place (no float32 temporary, no AccumulateGrad), over two micro-batches: the same gradients as
     converting and accumulating through autograd, to float32 rounding; the embedding / head and biases too."""
-    from grpo.modeling.cpu_kernels import DnnLinear, use_cpu_matmul
+    from grpo.cpu.kernels import DnnLinear
+    from grpo.cpu.placement import use_cpu_matmul
 
     model, tok = micro_policy()
     batch = rollout_batch(model, tok)
@@ -410,7 +416,7 @@ def test_cast_weight_gradients_go_into_grad_in_place():
 def test_add_upcast_adds_bf16_into_float32_block_by_block(monkeypatch):
     """add_upcast_ gives acc.add_(g) exactly, for blocks of rows smaller than, equal to and not dividing the rows,
     and for same-dtype and small tensors (one add)."""
-    from grpo.modeling import grad_in_place
+    from grpo.modeling import in_place as grad_in_place
 
     g = torch.randn(37, 24, dtype=torch.float64).to(torch.bfloat16)
     acc = torch.randn(37, 24)

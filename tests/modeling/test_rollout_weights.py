@@ -4,9 +4,13 @@ import pytest
 import torch
 import transformers
 
-from grpo.modeling import cpu_kernels, native_gemm, rollout_weights
-from grpo.modeling.cpu_kernels import linear
+from grpo.cpu import kernels as cpu_kernels, native_gemm
+from grpo.modeling import rollout_weights
+from grpo.cpu.kernels import linear
 from grpo.modeling.rollout_weights import fuse_projections, packed_head
+from grpo.cpu.hooks import CpuRolloutWeights
+
+CPU = CpuRolloutWeights()          # the CPU runtime's rollout hook: packs for oneDNN or the native kernel
 from tests.modeling.test_decoder import SHAPE, with_lora
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.onednn_works(), reason="this torch build has no oneDNN linear")
@@ -14,7 +18,7 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.onednn_works(), reason="this tor
 
 def float32_packed(w, rows: int) -> bool:
     """`w` is packed as a float32 rollout of `rows` rows packs: for the native decode kernel where it is active
-    (`rollout.decode_kernel` auto, up to native_gemm.MAX_ROWS rows), else for oneDNN."""
+    (`cpu.decode_kernel` auto, up to native_gemm.MAX_ROWS rows), else for oneDNN."""
     if native_gemm.active() and cpu_kernels.padded_rows(rows) <= native_gemm.MAX_ROWS:
         return type(w) is native_gemm.PanelWeight
     return w.is_mkldnn
@@ -32,7 +36,7 @@ def test_fused_and_packed_projections_equal_the_modules(pack_rows):
     float64, packed or not; packed weights are copies (native panels at 6 rows where that kernel runs, oneDNN's
     layout at 100), unpacked o and down the modules' own tensors."""
     model = qwen2()
-    fused = fuse_projections(model.model.layers, None, pack_rows)
+    fused = fuse_projections(model.model.layers, None, pack_rows, CPU)
     x = torch.randn(5, SHAPE["hidden_size"], dtype=torch.float64)
     for layer, f in zip(model.model.layers, fused):
         attn, mlp = layer.self_attn, layer.mlp
@@ -59,30 +63,30 @@ def test_size_cap_applies_only_without_packing(monkeypatch):
     model = qwen2()
     monkeypatch.setattr(rollout_weights, "FUSE_MAX_BYTES", 1024)
     assert fuse_projections(model.model.layers) is None
-    assert fuse_projections(model.model.layers, None, 16) is not None
+    assert fuse_projections(model.model.layers, None, 16, CPU) is not None
 
 
 @torch.no_grad()
 def test_bf16_weights_are_packed_only_where_asked_and_adapters_never():
-    """The caller asks for packing (grpo.modeling.cpu_kernels.can_prepack: float32, or bf16 where oneDNN's bf16 is
+    """The caller asks for packing (grpo.cpu.kernels.can_prepack: float32, or bf16 where oneDNN's bf16 is
     native): bf16 weights are then packed in bf16, float32 ones cast to autocast's dtype first; float16 weights never;
     LoRA projections are not fused at all; the head is packed only when it is a plain float32 / bf16 linear layer."""
     fp16 = qwen2(torch.float16)
-    fused = fuse_projections(fp16.model.layers, None, 16)
+    fused = fuse_projections(fp16.model.layers, None, 16, CPU)
     assert fused is not None and not any(f.qkv.is_mkldnn for f in fused) and fused[0].qkv.dtype == torch.float16
-    assert packed_head(fp16.lm_head, 16) is None
+    assert packed_head(fp16.lm_head, 16, None, CPU) is None
     if cpu_kernels.bf16_native():
         for model, dtype in ((qwen2(torch.bfloat16), None), (qwen2(), torch.bfloat16)):
-            fused = fuse_projections(model.model.layers, dtype, 16)
+            fused = fuse_projections(model.model.layers, dtype, 16, CPU)
             assert all(w.is_mkldnn and w.dtype == torch.bfloat16 for f in fused for w in (f.qkv, f.gate_up, f.o, f.down))
             assert fused[0].qkv_bias.dtype == torch.bfloat16
-            head = packed_head(model.lm_head, 16, dtype)
+            head = packed_head(model.lm_head, 16, dtype, CPU)
             assert head.is_mkldnn and head.dtype == torch.bfloat16
     lora = with_lora(qwen2())
-    assert fuse_projections(lora.get_base_model().model.layers, None, 16) is None
-    head = packed_head(qwen2().lm_head, 16)
+    assert fuse_projections(lora.get_base_model().model.layers, None, 16, CPU) is None
+    head = packed_head(qwen2().lm_head, 16, None, CPU)
     assert float32_packed(head, 16) and head.shape == (SHAPE["vocab_size"], SHAPE["hidden_size"])
-    assert packed_head(qwen2().lm_head, None) is None
+    assert packed_head(qwen2().lm_head, None, None, CPU) is None
 
 
 @pytest.mark.skipif(not cpu_kernels.bf16_native(), reason="oneDNN's bfloat16 GEMMs are emulated on this CPU")
@@ -91,7 +95,7 @@ def test_packed_bf16_products_equal_autocast_linear():
     """Under `train.precision` bf16 the rollout's packed bfloat16 copies give exactly autocast's F.linear: the
     input and bias cast to bfloat16, the product in bfloat16 (float32 input, as from the float32 attention)."""
     model = qwen2()
-    f = fuse_projections(model.model.layers, torch.bfloat16, 5)[0]
+    f = fuse_projections(model.model.layers, torch.bfloat16, 5, CPU)[0]
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     x = torch.randn(5, SHAPE["hidden_size"])
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -101,5 +105,5 @@ def test_packed_bf16_products_equal_autocast_linear():
         assert torch.equal(linear(x, f.o, f.o_bias), attn.o_proj(x))
         gate, up = linear(x.bfloat16(), f.gate_up).chunk(2, dim=-1)
         assert torch.equal(gate, mlp.gate_proj(x.bfloat16())) and torch.equal(up, mlp.up_proj(x.bfloat16()))
-        head = packed_head(model.lm_head, 5, torch.bfloat16)
+        head = packed_head(model.lm_head, 5, torch.bfloat16, CPU)
         assert torch.equal(linear(x, head, None), model.lm_head(x))

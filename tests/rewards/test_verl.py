@@ -274,7 +274,7 @@ def test_one_training_step_on_a_verl_dataset_with_a_verl_reward(tmp_path):
     trainer = grpo.Trainer(model, reward_funcs=[from_verl(gsm8k_score)], train_dataset=str(path), tokenizer=tok,
                            config={"max_steps": 1, "num_generations": 2, "learning_rate": 1e-2,
                                    "max_completion_length": 4, "train.prompts_per_step": 2,
-                                   "log.progress_bar": False, "train.num_threads": 1, "train.output_dir": str(out)})
+                                   "log.progress_bar": False, "cpu.num_threads": 1, "train.output_dir": str(out)})
     assert trainer.config.reward.functions == ["gsm8k_score"]
     assert trainer.train().steps == 1
     assert len(seen) == 4                                               # 2 prompts x 2 completions

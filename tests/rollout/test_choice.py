@@ -7,6 +7,7 @@ from transformers.generation.logits_process import MinPLogitsWarper
 
 from grpo.rollout import sample
 from grpo.rollout.choice import filter_logits, mark_seen, penalize_repeats
+from grpo.rollout.params import Prompts, SamplingParams
 from tests.rollout.test_rollout import PAD, VOCAB, full_logits, make_model, make_prompts
 
 
@@ -49,10 +50,11 @@ def test_greedy_with_repetition_penalty_matches_generate(kind, penalty):
     gives each row the completion it has alone."""
     model = make_model(kind)
     ids, mask = make_prompts()
-    batched = sample(model, ids, mask, num_generations=2, max_new_tokens=10, temperature=0, eos_token_id=VOCAB + 1,
-                     pad_token_id=PAD, repetition_penalty=penalty)
-    plain = sample(model, ids, mask, num_generations=1, max_new_tokens=10, temperature=0, eos_token_id=VOCAB + 1,
-                   pad_token_id=PAD)
+    batched = sample(model, Prompts(ids, mask), SamplingParams(n=2, max_tokens=10, temperature=0, stop_token_ids=(VOCAB + 1,),
+                                                               repetition_penalty=penalty),
+                     pad_token_id=PAD)
+    plain = sample(model, Prompts(ids, mask),
+                   SamplingParams(n=1, max_tokens=10, temperature=0, stop_token_ids=(VOCAB + 1,)), pad_token_id=PAD)
     assert not torch.equal(batched.completion_ids[::2], plain.completion_ids)     # the penalty changes something
     for i in range(ids.size(0)):
         real = ids[i, mask[i].bool()][None]
@@ -64,13 +66,15 @@ def test_greedy_with_repetition_penalty_matches_generate(kind, penalty):
 def test_sampled_tokens_respect_min_p():
     model = make_model("llama")
     ids, mask = make_prompts()
-    gen = sample(model, ids, mask, num_generations=4, max_new_tokens=8, temperature=1.0, min_p=0.3,
-                 eos_token_id=VOCAB + 1, pad_token_id=PAD, seed=3)
+    gen = sample(model, Prompts(ids, mask),
+                 SamplingParams(n=4, max_tokens=8, temperature=1.0, min_p=0.3, stop_token_ids=(VOCAB + 1,), seed=3),
+                 pad_token_id=PAD)
     full_ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
     full_mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
     p = torch.softmax(full_logits(model, full_ids, full_mask)[:, ids.size(1) - 1:-1].double(), -1)   # [N, T, V]
     chosen = p.gather(-1, gen.completion_ids[..., None]).squeeze(-1)
     assert (chosen >= 0.3 * p.amax(-1) - 1e-6).all()
-    unfiltered = sample(model, ids, mask, num_generations=4, max_new_tokens=8, temperature=1.0,
-                        eos_token_id=VOCAB + 1, pad_token_id=PAD, seed=3)
+    unfiltered = sample(model, Prompts(ids, mask),
+                        SamplingParams(n=4, max_tokens=8, temperature=1.0, stop_token_ids=(VOCAB + 1,), seed=3),
+                        pad_token_id=PAD)
     assert not torch.equal(unfiltered.completion_ids, gen.completion_ids)

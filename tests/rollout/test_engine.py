@@ -12,7 +12,7 @@ from grpo.config import build_config
 from grpo.rollout.engine import ENGINES, EngineUnavailable, build_engine, measured_fastest, resolve_engine_name
 from grpo.rollout.engines.native import NativeEngine
 from grpo.rollout.engines.turns import play_turns
-from grpo.rollout.params import SamplingParams, prompt_seeds, rollout_params
+from grpo.rollout.params import Prompts, SamplingParams, prompt_seeds, rollout_params
 
 CPU = torch.device("cpu")
 
@@ -118,8 +118,8 @@ class Scripted:
 def test_turn_by_turn_episodes_keep_the_model_and_observation_tokens_apart():
     ids, mask = prompts()
     engine, driver = Scripted(), Echo(4)
-    gen = play_turns(engine, ids, mask, driver, SamplingParams(n=2, max_tokens=12, stop_token_ids=(1,), seed=4),
-                     torch.tensor([10, 11]), 0)
+    gen = play_turns(engine, Prompts(ids, mask, torch.tensor([10, 11])), driver,
+                     SamplingParams(n=2, max_tokens=12, stop_token_ids=(1,), seed=4), 0)
     # turn 0: 3 7 (tool call closed: observation 20 21, the 4 dropped); turn 1: 5 7 (done, the 9 dropped)
     assert gen.completion_ids.tolist() == [[3, 7, 20, 21, 5, 7]] * 4
     assert gen.action_mask.tolist() == [[1, 1, 0, 0, 1, 1]] * 4

@@ -14,6 +14,7 @@ from grpo.modeling.models import build_tokenizer
 from grpo.rollout import completion_mask_from_ids, completion_text, eos_token_ids, sample
 from grpo.rollout.eos import as_id_list, ended_with_eos
 from grpo.rollout.multiturn import sample_episodes
+from grpo.rollout.params import Prompts, SamplingParams
 from tests.conftest import tiny_qwen2
 
 PAD, EOS = 0, 1          # tiny_qwen2's pad and eos ids
@@ -57,7 +58,8 @@ def test_mask_and_truncation_end_at_the_first_of_any_eos_id():
 
 def first_fresh_token(model, ids, mask, lean, step=2):
     """Row 0's greedy token at `step` or later that it has not emitted before (so it ends row 0 right there)."""
-    gen = sample(model, ids, mask, num_generations=1, max_new_tokens=step + 6, temperature=0, eos_token_id=-1,
+    gen = sample(model, Prompts(ids, mask),
+                 SamplingParams(n=1, max_tokens=step + 6, temperature=0, stop_token_ids=(-1,)),
                  pad_token_id=PAD, lean=lean)
     row = gen.completion_ids[0].tolist()
     pos = next(t for t in range(step, len(row)) if row[t] not in row[:t] and row[t] != EOS)
@@ -75,7 +77,8 @@ def test_sampling_stops_at_an_eos_id_listed_only_in_the_generation_config(lean):
     model.generation_config = GenerationConfig(eos_token_id=[EOS, extra], pad_token_id=PAD)
     eos = eos_token_ids(tokenizer_with(EOS), model)
     assert eos == (EOS, extra)
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=10, temperature=0, eos_token_id=eos,
+    gen = sample(model, Prompts(ids, mask),
+                 SamplingParams(n=2, max_tokens=10, temperature=0, stop_token_ids=eos),
                  pad_token_id=PAD, lean=lean)
     for r in (0, 1):                                            # greedy: both samples of prompt 0 are alike
         assert gen.completion_ids[r, pos].item() == extra
@@ -85,8 +88,9 @@ def test_sampling_stops_at_an_eos_id_listed_only_in_the_generation_config(lean):
                         do_sample=False, max_new_tokens=10, eos_token_id=[EOS, extra], pad_token_id=PAD)
     hf = hf[:, ids.size(1):]
     assert torch.equal(gen.completion_ids, hf[:, :gen.completion_ids.size(1)])
-    only_tokenizer = sample(model, ids, mask, num_generations=2, max_new_tokens=10, temperature=0,
-                            eos_token_id=EOS, pad_token_id=PAD, lean=lean)
+    only_tokenizer = sample(model, Prompts(ids, mask),
+                            SamplingParams(n=2, max_tokens=10, temperature=0, stop_token_ids=(EOS,)),
+                            pad_token_id=PAD, lean=lean)
     assert int(only_tokenizer.completion_mask[0].sum()) > pos + 1   # the old behaviour ran past it
 
 
@@ -106,11 +110,13 @@ class Never:
 def test_an_episode_ends_at_any_eos_id():
     model = tiny_qwen2()
     ids, mask = torch.tensor([[3, 4, 5, 6]]), torch.ones(1, 4, dtype=torch.long)
-    kw = dict(num_generations=1, max_new_tokens=10, temperature=0, pad_token_id=PAD)
-    probe = sample_episodes(model, ids, mask, Never(), eos_token_id=-1, **kw).completion_ids[0].tolist()
+    params = SamplingParams(n=1, max_tokens=10, temperature=0)
+    probe = sample_episodes(model, Prompts(ids, mask), params.with_(stop_token_ids=(-1,)), Never(),
+                            pad_token_id=PAD).completion_ids[0].tolist()
     pos = next(t for t in range(2, len(probe)) if probe[t] not in probe[:t] and probe[t] != EOS)
     driver = Never()
-    gen = sample_episodes(model, ids, mask, driver, eos_token_id=(EOS, probe[pos]), **kw)
+    gen = sample_episodes(model, Prompts(ids, mask), params.with_(stop_token_ids=(EOS, probe[pos])), driver,
+                          pad_token_id=PAD)
     assert gen.completion_ids[0].tolist() == probe[:pos + 1] and gen.completion_mask[0].tolist() == [1] * (pos + 1)
     assert driver.finished == {0: True} and not gen.truncated[0]
 

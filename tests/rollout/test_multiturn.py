@@ -8,6 +8,7 @@ import torch
 from grpo.algorithms.loss import grpo_loss
 from grpo.modeling.logprobs import fixed_logprobs
 from grpo.rollout.multiturn import sample_episodes, written_mask
+from grpo.rollout.params import Prompts, SamplingParams
 from tests.conftest import tiny_qwen2
 
 OBS = [5, 6, 7]
@@ -33,8 +34,8 @@ class EveryFour:
 def episodes(model, driver, lean=True, max_new_tokens=30):
     prompt_ids = torch.tensor([[0, 3, 4, 9], [11, 12, 13, 14]])
     prompt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    return sample_episodes(model, prompt_ids, prompt_mask, driver, num_generations=2, max_new_tokens=max_new_tokens,
-                           temperature=1.0, eos_token_id=1, pad_token_id=0, seed=3, lean=lean)
+    params = SamplingParams(n=2, max_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(1,), seed=3)
+    return sample_episodes(model, Prompts(prompt_ids, prompt_mask), params, driver, pad_token_id=0, lean=lean)
 
 
 def test_observations_are_fed_and_masked_out_of_the_actions():
@@ -94,3 +95,39 @@ def test_the_token_cap_ends_every_episode():
 def test_written_mask_by_hand():
     action = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
     assert written_mask(action).tolist() == [[1, 1, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0], [0] * 6]
+
+
+class Silent:
+    """A driver that never feeds an observation nor ends an episode: every episode is one turn."""
+
+    def __init__(self):
+        self.finished = {}
+
+    def after_token(self, row, token):
+        return [], False
+
+    def finish(self, row, ended_by_eos):
+        self.finished[row] = ended_by_eos
+
+
+def test_an_episode_of_one_turn_is_a_single_turn_sample():
+    """Single-turn sampling and episodes run one decode loop: with a driver that never acts, an episode is the
+    single-turn completion bit for bit (tokens, log-probs, masks, truncation), the repetition penalty included."""
+    from grpo.rollout import sample
+
+    model = tiny_qwen2()
+    prompts = Prompts(torch.tensor([[0, 3, 4, 9], [11, 12, 13, 14]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+                      torch.tensor([6, 2]))
+    for params in (SamplingParams(n=3, max_tokens=12, temperature=1.0, seed=5),
+                   SamplingParams(n=2, max_tokens=9, temperature=0.8, top_k=6, repetition_penalty=1.3, seed=1)):
+        probe = sample(model, prompts, params.with_(stop_token_ids=(-1,)), pad_token_id=0).completion_ids
+        params = params.with_(stop_token_ids=(1, int(probe[0, 3])))        # row 0 ends by its 4th token
+        one = sample(model, prompts, params, pad_token_id=0)
+        driver = Silent()
+        ep = sample_episodes(model, prompts, params, driver, pad_token_id=0)
+        for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_logprobs",
+                     "truncated"):
+            assert torch.equal(getattr(one, name), getattr(ep, name)), name
+        assert torch.equal(ep.action_mask, one.completion_mask)            # every written token is the model's
+        assert driver.finished == {r: not bool(t) for r, t in enumerate(one.truncated)}
+        assert one.truncated.any() and not one.truncated.all()             # rows end both ways

@@ -9,6 +9,7 @@ import transformers
 
 from grpo.rollout import Generation, completion_mask_from_ids, filter_logits, sample
 from grpo.rollout.keyed import row_keys, token_uniforms
+from grpo.rollout.params import Prompts, SamplingParams
 from grpo.rollout.sampler import draw
 
 VOCAB = 64
@@ -50,21 +51,21 @@ def full_logits(model, ids, mask):
 
 
 @torch.no_grad()
-def reference_sample(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_k, top_p,
-                     eos_token_id, pad_token_id, seed, prompt_index=None):
+def reference_sample(model, prompts: Prompts, params: SamplingParams, pad_token_id: int):
     """No cache, no shared prefix: prompts repeated G times, full forward each step; the still-running
     rows draw with the uniforms of their keys (seed, prompt index, g, step), as documented by the sampler."""
-    index = torch.arange(prompt_ids.size(0)) if prompt_index is None else prompt_index
-    keys = row_keys(seed, index, num_generations)                               # [N]
-    ids = prompt_ids.repeat_interleave(num_generations, 0)
-    mask = prompt_mask.repeat_interleave(num_generations, 0)
+    G, (eos_token_id,) = params.n, params.stop_token_ids
+    index = torch.arange(prompts.ids.size(0)) if prompts.index is None else prompts.index
+    keys = row_keys(params.seed, index, G)                                      # [N]
+    ids = prompts.ids.repeat_interleave(G, 0)
+    mask = prompts.mask.repeat_interleave(G, 0)
     n = ids.size(0)
-    out = torch.full((n, max_new_tokens), pad_token_id)
+    out = torch.full((n, params.max_tokens), pad_token_id)
     running = torch.ones(n, dtype=torch.bool)
     steps = 0
-    for t in range(max_new_tokens):
+    for t in range(params.max_tokens):
         logits = full_logits(model, ids, mask)[:, -1]
-        probs = F.softmax(filter_logits(logits[running], temperature, top_k, top_p), -1)
+        probs = F.softmax(filter_logits(logits[running], params.temperature, params.top_k, params.top_p), -1)
         tok = torch.full((n,), pad_token_id)
         tok[running] = draw(probs, token_uniforms(keys, t)[running])
         out[:, t] = tok
@@ -80,17 +81,17 @@ def reference_sample(model, prompt_ids, prompt_mask, *, num_generations, max_new
 def pick_eos(model, ids, mask, step=2):
     """A token greedy decoding first emits in row 0 at position `step` (or the first later position
     with a fresh token), so EOS handling is exercised mid-sequence. Returns (token, position)."""
-    gen = sample(model, ids, mask, num_generations=1, max_new_tokens=step + 6, temperature=0,
-                 eos_token_id=VOCAB + 1, pad_token_id=PAD)
+    gen = sample(model, Prompts(ids, mask), SamplingParams(n=1, max_tokens=step + 6, temperature=0,
+                                                           stop_token_ids=(VOCAB + 1,)), pad_token_id=PAD)
     row = gen.completion_ids[0].tolist()
     pos = next(t for t in range(step, len(row)) if row[t] not in row[:t])
     return row[pos], pos
 
 
-def sampled_eos(model, ids, mask, position: int, seed: int, **kw) -> int:
-    """The token row 0 draws at `position` with no EOS: as EOS under the same seed, row 0 stops there."""
-    probe = sample(model, ids, mask, eos_token_id=VOCAB + 1, seed=seed, **kw)
-    return int(probe.completion_ids[0, position])
+def sampled_eos(model, prompts: Prompts, params: SamplingParams, position: int) -> SamplingParams:
+    """`params` with the token row 0 draws at `position` with no EOS as its stop token: row 0 stops there."""
+    probe = sample(model, prompts, params.with_(stop_token_ids=(VOCAB + 1,)), pad_token_id=PAD)
+    return params.with_(stop_token_ids=(int(probe.completion_ids[0, position]),))
 
 
 # 1. greedy == HF generate ------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def test_greedy_matches_generate(kind, G):
     model = make_model(kind)
     ids, mask = make_prompts()
     eos, pos = pick_eos(model, ids, mask)
-    gen = sample(model, ids, mask, num_generations=G, max_new_tokens=10, temperature=0, eos_token_id=eos,
+    gen = sample(model, Prompts(ids, mask), SamplingParams(n=G, max_tokens=10, temperature=0, stop_token_ids=(eos,)),
                  pad_token_id=PAD)
     ref = model.generate(input_ids=ids.repeat_interleave(G, 0), attention_mask=mask.repeat_interleave(G, 0),
                          do_sample=False, max_new_tokens=10, eos_token_id=eos, pad_token_id=PAD)
@@ -115,12 +116,11 @@ def test_greedy_matches_generate(kind, G):
 def test_left_padding_does_not_change_greedy_completion():
     model = make_model("qwen2")
     ids, mask = make_prompts()
-    batched = sample(model, ids, mask, num_generations=1, max_new_tokens=6, temperature=0, eos_token_id=VOCAB + 1,
-                     pad_token_id=PAD)
+    params = SamplingParams(n=1, max_tokens=6, temperature=0, stop_token_ids=(VOCAB + 1,))
+    batched = sample(model, Prompts(ids, mask), params, pad_token_id=PAD)
     for i in range(ids.size(0)):
         real = ids[i, mask[i].bool()][None]
-        alone = sample(model, real, torch.ones_like(real), num_generations=1, max_new_tokens=6, temperature=0,
-                       eos_token_id=VOCAB + 1, pad_token_id=PAD)
+        alone = sample(model, Prompts(real, torch.ones_like(real)), params, pad_token_id=PAD)
         assert torch.equal(alone.completion_ids[0], batched.completion_ids[i])
 
 
@@ -132,8 +132,8 @@ def test_prompts_are_prefilled_once_not_per_generation(lean):
     hook = model.register_forward_pre_hook(lambda m, a, kw: seen.append(tuple(kw["input_ids"].shape)),
                                            with_kwargs=True)
     try:
-        sample(model, ids, mask, num_generations=4, max_new_tokens=3, eos_token_id=VOCAB + 1, pad_token_id=PAD,
-               seed=0, lean=lean)
+        sample(model, Prompts(ids, mask), SamplingParams(n=4, max_tokens=3, stop_token_ids=(VOCAB + 1,), seed=0),
+               pad_token_id=PAD, lean=lean)
     finally:
         hook.remove()
     # the lean decoder (grpo/modeling/decoder.py) runs decode steps without the model's forward
@@ -146,11 +146,11 @@ def test_prompts_are_prefilled_once_not_per_generation(lean):
 def test_sampling_matches_cache_free_reference(temperature, top_k, top_p):
     model = make_model("llama")
     ids, mask = make_prompts()
-    kw = dict(num_generations=4, max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p,
-              pad_token_id=PAD)
-    kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 1234, **kw)  # row 0 (at least) stops early
-    gen = sample(model, ids, mask, seed=1234, **kw)
-    ref = reference_sample(model, ids, mask, seed=1234, **kw)
+    prompts = Prompts(ids, mask)
+    params = SamplingParams(n=4, max_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p, seed=1234)
+    params = sampled_eos(model, prompts, params, 2)  # row 0 (at least) stops early
+    gen = sample(model, prompts, params, pad_token_id=PAD)
+    ref = reference_sample(model, prompts, params, PAD)
     assert torch.equal(gen.completion_ids, ref)
     assert gen.completion_ids.shape[0] == 12
     assert (gen.completion_mask == 0).any()  # some rows stopped early: exercises dropping finished rows
@@ -161,11 +161,11 @@ def test_sampling_across_blocks_of_uniforms_matches_the_reference():
 
     model = make_model("llama")
     ids, mask = make_prompts()
-    kw = dict(num_generations=2, max_new_tokens=UNIFORM_BLOCK + 6, temperature=1.0, top_k=0, top_p=1.0,
-              pad_token_id=PAD, prompt_index=torch.tensor([4, 0, 9]))
-    kw["eos_token_id"] = sampled_eos(model, ids, mask, UNIFORM_BLOCK + 2, 21, **kw)   # row 0 stops in block 2
-    gen = sample(model, ids, mask, seed=21, **kw)
-    ref = reference_sample(model, ids, mask, seed=21, **kw)
+    prompts = Prompts(ids, mask, torch.tensor([4, 0, 9]))
+    params = SamplingParams(n=2, max_tokens=UNIFORM_BLOCK + 6, temperature=1.0, top_k=0, top_p=1.0, seed=21)
+    params = sampled_eos(model, prompts, params, UNIFORM_BLOCK + 2)   # row 0 stops in block 2
+    gen = sample(model, prompts, params, pad_token_id=PAD)
+    ref = reference_sample(model, prompts, params, PAD)
     assert torch.equal(gen.completion_ids, ref)
     lengths = gen.completion_mask.sum(1)                                         # [6]
     assert lengths[0] <= UNIFORM_BLOCK + 3 and (lengths > UNIFORM_BLOCK).any() and (lengths < lengths.max()).any()
@@ -178,10 +178,8 @@ def test_sampling_across_blocks_of_uniforms_matches_the_reference():
 def test_sampling_logprobs_match_full_forward(kind, temperature, top_k, top_p):
     model = make_model(kind)
     ids, mask = make_prompts()
-    kw = dict(num_generations=3, max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p,
-              pad_token_id=PAD)
-    eos = sampled_eos(model, ids, mask, 1, 7, **kw)
-    gen = sample(model, ids, mask, eos_token_id=eos, seed=7, **kw)
+    params = SamplingParams(n=3, max_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
+    gen = sample(model, Prompts(ids, mask), sampled_eos(model, Prompts(ids, mask), params, 1), pad_token_id=PAD)
     P, T = gen.prompt_ids.size(1), gen.completion_ids.size(1)
     logits = full_logits(model, torch.cat([gen.prompt_ids, gen.completion_ids], 1),
                          torch.cat([gen.prompt_mask, gen.completion_mask], 1))[:, P - 1:P - 1 + T]
@@ -214,7 +212,8 @@ def test_forced_eos_stops_immediately(pad):
     eos = 5
     model = with_eos_bias(make_model("qwen2"), eos, 100.0)
     ids, mask = make_prompts()
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad, seed=0)
+    gen = sample(model, Prompts(ids, mask), SamplingParams(n=2, max_tokens=8, stop_token_ids=(eos,), seed=0),
+                 pad_token_id=pad)
     assert gen.completion_ids.tolist() == [[eos]] * 6
     assert gen.completion_mask.tolist() == [[1]] * 6
     assert not gen.truncated.any()
@@ -225,7 +224,7 @@ def test_eos_mid_sequence_masks_and_pads_after():
     model = make_model("qwen2")
     ids, mask = make_prompts()
     eos, pos = pick_eos(model, ids, mask, step=2)
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=9, temperature=0, eos_token_id=eos,
+    gen = sample(model, Prompts(ids, mask), SamplingParams(n=2, max_tokens=9, temperature=0, stop_token_ids=(eos,)),
                  pad_token_id=PAD)
     assert gen.completion_ids[0, pos] == eos
     assert gen.completion_mask[0].tolist() == [1] * (pos + 1) + [0] * (gen.completion_ids.size(1) - pos - 1)
@@ -244,7 +243,8 @@ def test_max_new_tokens_truncates():
     eos = 5
     model = with_eos_bias(make_model("qwen2"), eos, -100.0)
     ids, mask = make_prompts()
-    gen = sample(model, ids, mask, num_generations=2, max_new_tokens=7, eos_token_id=eos, pad_token_id=PAD, seed=0)
+    gen = sample(model, Prompts(ids, mask), SamplingParams(n=2, max_tokens=7, stop_token_ids=(eos,), seed=0),
+                 pad_token_id=PAD)
     assert gen.completion_ids.shape == (6, 7)
     assert (gen.completion_mask == 1).all()
     assert gen.truncated.all()
@@ -294,10 +294,10 @@ def test_filter_temperature_then_top_p():
 def test_seeded_sampling_is_reproducible():
     model = make_model("gpt2")
     ids, mask = make_prompts()
-    kw = dict(num_generations=3, max_new_tokens=8, top_k=10, eos_token_id=3, pad_token_id=PAD)
-    a = sample(model, ids, mask, seed=3, **kw)
-    b = sample(model, ids, mask, seed=3, **kw)
-    c = sample(model, ids, mask, seed=4, **kw)
+    params = SamplingParams(n=3, max_tokens=8, top_k=10, stop_token_ids=(3,), seed=3)
+    a = sample(model, Prompts(ids, mask), params, pad_token_id=PAD)
+    b = sample(model, Prompts(ids, mask), params, pad_token_id=PAD)
+    c = sample(model, Prompts(ids, mask), params.with_(seed=4), pad_token_id=PAD)
     for field in Generation.__dataclass_fields__:
         x, y = getattr(a, field), getattr(b, field)
         if field == "model_inputs":                                         # a text model: no extra inputs
@@ -316,7 +316,7 @@ def test_training_flag_restored(training):
     seen = []
     model.register_forward_pre_hook(lambda m, a: seen.append(m.training))
     ids, mask = make_prompts()
-    sample(model, ids, mask, num_generations=2, max_new_tokens=3, eos_token_id=3, pad_token_id=PAD)
+    sample(model, Prompts(ids, mask), SamplingParams(n=2, max_tokens=3, stop_token_ids=(3,)), pad_token_id=PAD)
     assert seen and not any(seen)  # sampled in eval mode
     assert model.training is training
     assert all(m.training is training for m in model.modules())
@@ -353,34 +353,35 @@ def test_a_batch_of_four_prompts_equals_two_batches_of_two_with_their_global_ind
     ids = torch.tensor([[11, 12, 13, 14, 15], [PAD, PAD, PAD, 21, 22], [PAD, 31, 32, 33, 34],
                         [PAD, PAD, 41, 42, 43]])
     mask = (ids != PAD).long()
-    kw = dict(num_generations=3, max_new_tokens=10, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=PAD)
-    kw["eos_token_id"] = sampled_eos(model, ids, mask, 2, 11, **kw)      # rows finish at different steps
+    params = SamplingParams(n=3, max_tokens=10, temperature=1.0, top_k=0, top_p=1.0, seed=11)
+    params = sampled_eos(model, Prompts(ids, mask), params, 2)           # rows finish at different steps
     index = torch.tensor([40, 41, 42, 43])                               # global positions of the 4 prompts
-    whole = sample(model, ids, mask, seed=11, prompt_index=index, **kw)
+    whole = sample(model, Prompts(ids, mask, index), params, pad_token_id=PAD)
     parts = []
     for rows in ([0, 1], [2, 3]):                                        # "rank 0" and "rank 1"
         sub_ids, sub_mask = ids[rows], mask[rows]
         keep = sub_mask.any(0)                                           # each part left-padded to its own length
-        parts.append(sample(model, sub_ids[:, keep], sub_mask[:, keep], seed=11, prompt_index=index[rows], **kw))
+        parts.append(sample(model, Prompts(sub_ids[:, keep], sub_mask[:, keep], index[rows]), params,
+                            pad_token_id=PAD))
     T = whole.completion_ids.size(1)
     split = torch.cat([torch.nn.functional.pad(p.completion_ids, (0, T - p.completion_ids.size(1)), value=PAD)
                        for p in parts])
     assert torch.equal(split, whole.completion_ids)
     assert (whole.completion_mask == 0).any() and whole.completion_mask.all(1).any()  # early and late finishers
     # the same prompts under other global indices sample other completions
-    shifted = sample(model, ids, mask, seed=11, prompt_index=index + 4, **kw)
+    shifted = sample(model, Prompts(ids, mask, index + 4), params, pad_token_id=PAD)
     assert not torch.equal(shifted.completion_ids, whole.completion_ids)
 
 
 def test_a_prompt_samples_the_same_completions_alone_or_in_a_batch_and_in_any_position():
     model = make_model("qwen2")
     ids, mask = make_prompts()
-    kw = dict(num_generations=2, max_new_tokens=8, top_k=10, eos_token_id=3, pad_token_id=PAD, seed=5)
-    batched = sample(model, ids, mask, prompt_index=torch.tensor([7, 8, 9]), **kw)
-    reversed_ = sample(model, ids.flip(0), mask.flip(0), prompt_index=torch.tensor([9, 8, 7]), **kw)
+    params = SamplingParams(n=2, max_tokens=8, top_k=10, stop_token_ids=(3,), seed=5)
+    batched = sample(model, Prompts(ids, mask, torch.tensor([7, 8, 9])), params, pad_token_id=PAD)
+    reversed_ = sample(model, Prompts(ids.flip(0), mask.flip(0), torch.tensor([9, 8, 7])), params, pad_token_id=PAD)
     for i in range(3):
         real = ids[i, mask[i].bool()][None]
-        alone = sample(model, real, torch.ones_like(real), prompt_index=torch.tensor([7 + i]), **kw)
+        alone = sample(model, Prompts(real, torch.ones_like(real), torch.tensor([7 + i])), params, pad_token_id=PAD)
         rows = slice(2 * i, 2 * i + 2)
         T = alone.completion_ids.size(1)
         assert torch.equal(alone.completion_ids, batched.completion_ids[rows, :T])
@@ -392,9 +393,9 @@ def test_a_prompt_samples_the_same_completions_alone_or_in_a_batch_and_in_any_po
 def test_greedy_ignores_the_keys():
     model = make_model("gpt2")
     ids, mask = make_prompts()
-    kw = dict(num_generations=2, max_new_tokens=6, temperature=0, eos_token_id=VOCAB + 1, pad_token_id=PAD)
-    a = sample(model, ids, mask, seed=1, **kw)
-    b = sample(model, ids, mask, seed=2, prompt_index=torch.tensor([5, 9, 100]), **kw)
+    params = SamplingParams(n=2, max_tokens=6, temperature=0, stop_token_ids=(VOCAB + 1,))
+    a = sample(model, Prompts(ids, mask), params.with_(seed=1), pad_token_id=PAD)
+    b = sample(model, Prompts(ids, mask, torch.tensor([5, 9, 100])), params.with_(seed=2), pad_token_id=PAD)
     assert torch.equal(a.completion_ids, b.completion_ids)
 
 

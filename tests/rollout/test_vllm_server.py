@@ -250,7 +250,7 @@ def train_argv(out: Path, port: int, steps: int) -> list[str]:
     return [sys.executable, "-m", "grpo", "train", "--output-dir", str(out), "--max-steps", str(steps),
             "--rollout.engine", "vllm", "--rollout.vllm.mode", "server", "--rollout.vllm.server_port", str(port),
             "--rollout.vllm.server_timeout", "5", "--train.prompts_per_step", "2", "--rollout.num_generations", "4",
-            "--rollout.max_new_tokens", "16", "--train.save_steps", "1", "--train.num_threads", "1",
+            "--rollout.max_new_tokens", "16", "--train.save_steps", "1", "--cpu.num_threads", "1",
             "--log.progress_bar", "false"]
 
 

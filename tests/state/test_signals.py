@@ -71,7 +71,7 @@ def test_a_second_sigint_aborts_at_once(env, tmp_path, monkeypatch, capsys):
 
 
 def test_resume_command_replaces_resume_options():
-    from grpo.cli.main import resume_command
+    from grpo.cli.common import resume_command
 
     assert resume_command(["train", "--max-steps", "5"]) == "grpo train --max-steps 5 --resume"
     assert resume_command(["train", "--resume", "runs/x/checkpoint-2", "--seed", "1"]) == "grpo train --seed 1 --resume"

@@ -1,4 +1,4 @@
-"""Bit-exact at torch's default thread count (issue 15, part 1).
+"""Bit-exact at torch's default thread count.
 
 With two or more CPU threads the prompt-shared forward used to index its KV cache out to the G rows
 with ``keys[inverse]``, whose backward (``index_put_`` with ``accumulate=True``) adds the rows'
@@ -35,9 +35,9 @@ def env(tmp_path_factory):
 
 
 def default_threads_config(model_dir: Path, reward: str, out: Path, **over) -> dict:
-    """:func:`tiny_config` without `train.num_threads`: torch's own thread count decides."""
+    """:func:`tiny_config` without `cpu.num_threads`: torch's own thread count decides."""
     flat = tiny_config(model_dir, reward, out, **{**SHAPE, **over})
-    flat.pop("train.num_threads")
+    flat.pop("cpu.num_threads")
     return flat
 
 

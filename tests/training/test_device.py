@@ -23,7 +23,7 @@ import grpo.rollout.sampler as sampler_module
 import grpo.modeling.shared_prompt as shared_prompt_module
 from grpo.config import LoraConfig, build_config
 from grpo.data.prompts import PromptStream, left_pad
-from grpo.modeling.cpu_kernels import onednn_works
+from grpo.cpu.kernels import onednn_works
 from grpo.modeling.lora import apply_lora
 from grpo.modeling.models import build_model, build_tokenizer
 from grpo.modeling.decoder import LeanDecoder
@@ -66,7 +66,7 @@ def run_on_meta_default(tmp_path: Path, model, tok, **over):
     rewards.write_text(REWARDS)
     flat = {"train.output_dir": str(tmp_path / "run"), "train.max_steps": 2, "train.prompts_per_step": 2,
             "rollout.num_generations": 4, "rollout.max_new_tokens": 4, "optim.lr": 1e-2,
-            "train.num_threads": 1, "data.num_train_prompts": 8, "data.system_prompt": SYSTEM_PROMPT,
+            "cpu.num_threads": 1, "data.num_train_prompts": 8, "data.system_prompt": SYSTEM_PROMPT,
             "log.progress_bar": False, "train.save_final": True, "algorithm.beta": 0.04,
             "reward.functions": [f"{rewards}:digits_reward"], **over}
     cfg = build_config(overrides=flat)

@@ -9,7 +9,8 @@ import grpo.training.experience as experience
 from grpo.cli.main import main
 from grpo.config import build_config
 from grpo.data.prompts import PromptStream, load_prompts
-from grpo.training.experience import Groups, collect_groups, draw_groups, group_rows, make_experience
+from grpo.training.experience import (ExperienceInputs, Groups, collect_groups, draw_groups, group_rows,
+                                      make_experience)
 from grpo.algorithms.loss import kl_k1
 from grpo.modeling.models import build_model, build_tokenizer
 from grpo.modeling.reference import FrozenCopy
@@ -54,8 +55,8 @@ def test_dynamic_sampling_replaces_tied_groups_and_counts_draws(tmp_path, monkey
                   fake_groups([7, 8])])              # 1 more asked: informative
     asked = []
     monkeypatch.setattr(experience, "draw_groups",
-                        lambda m, t, rows, *a: asked.append(len(rows)) or next(draws))
-    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, "cpu")
+                        lambda inputs, rows, *a: asked.append(len(rows)) or next(draws))
+    groups, metrics = collect_groups(ExperienceInputs(model, tok, rewards), stream, cfg, "cpu")
     assert asked == [3, 2, 1]
     assert groups.total.tolist() == [0, 1, 5, 6, 7, 8]          # only informative groups, in draw order
     assert metrics == {"sampling/groups_drawn": 6.0, "sampling/extra_rounds": 2.0,
@@ -68,8 +69,8 @@ def test_dynamic_sampling_stops_at_the_cap_and_tops_up_with_tied_groups(tmp_path
                                                            "algorithm.max_sampling_tries": 1,
                                                            "rollout.num_generations": 2})
     draws = iter([fake_groups([1, 1, 0, 1]), fake_groups([4, 4])])
-    monkeypatch.setattr(experience, "draw_groups", lambda m, t, rows, *a: next(draws))
-    groups, metrics = collect_groups(model, tok, stream, rewards, cfg, "cpu")
+    monkeypatch.setattr(experience, "draw_groups", lambda inputs, rows, *a: next(draws))
+    groups, metrics = collect_groups(ExperienceInputs(model, tok, rewards), stream, cfg, "cpu")
     assert groups.total.tolist() == [0, 1, 1, 1]                  # informative first, then a tied group
     assert metrics["sampling/informative_groups"] == 1.0 and metrics["sampling/extra_rounds"] == 1.0
 
@@ -78,11 +79,11 @@ def test_gfpo_keeps_the_shortest_of_k_samples(tmp_path):
     # the same keys (seed, prompt index) and k = 8 samples: GFPO must keep the 4 shortest of each group of 8
     cfg_all, tok, model, stream, rewards = setup(tmp_path, **{"rollout.num_generations": 8})
     rows = stream.next(2)
-    all8 = draw_groups(model, tok, rows, rewards, cfg_all, [0, 1], "cpu")
+    all8 = draw_groups(ExperienceInputs(model, tok, rewards), rows, [0, 1], cfg_all, "cpu")
     cfg_gfpo = build_config(overrides={**BASE, "reward.functions": cfg_all.reward.functions,
                                        "rollout.num_generations": 4, "algorithm.gfpo_sample_size": 8,
                                        "algorithm.gfpo_metric": "length"})
-    kept = draw_groups(model, tok, rows, rewards, cfg_gfpo, [0, 1], "cpu")
+    kept = draw_groups(ExperienceInputs(model, tok, rewards), rows, [0, 1], cfg_gfpo, "cpu")
     lengths = all8.gen.completion_mask.sum(1).view(2, 8)
     kept_lengths = kept.gen.completion_mask.sum(1).view(2, 4)
     for g in range(2):
@@ -93,7 +94,7 @@ def test_gfpo_keeps_the_shortest_of_k_samples(tmp_path):
 
 def test_soft_overlong_penalty_is_added_to_the_reward(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.overlong_cache_fraction": 0.5})
-    groups = draw_groups(model, tok, stream.next(2), rewards, cfg, [0, 1], "cpu")
+    groups = draw_groups(ExperienceInputs(model, tok, rewards), stream.next(2), [0, 1], cfg, "cpu")
     L = groups.gen.completion_mask.sum(1).float()               # cache = 3 of max 6 tokens
     penalty = torch.where(L <= 3, torch.zeros_like(L), (3 - L) / 3)
     assert torch.allclose(groups.total, groups.per_function[:, 0] + penalty)
@@ -101,7 +102,7 @@ def test_soft_overlong_penalty_is_added_to_the_reward(tmp_path):
 
 def test_overlong_filter_masks_truncated_completions(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.overlong_filter": True, "algorithm.beta": 0.0})
-    exp = make_experience(model, tok, stream, rewards, [], None, cfg, "cpu")
+    exp = make_experience(ExperienceInputs(model, tok, rewards, []), stream, cfg, "cpu")
     truncated = exp.groups.gen.truncated
     assert truncated.any()                                       # an untrained model rarely stops in 6 tokens
     assert (exp.batch.completion_mask[truncated] == 0).all()
@@ -113,7 +114,7 @@ def test_kl_in_reward_moves_the_penalty_out_of_the_loss(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.kl_in": "reward", "algorithm.beta": 0.5,
                                                            "algorithm.kl_estimator": "k1"})
     reference = FrozenCopy(build_model(tok, "micro", seed=1))    # a different reference: KL != 0
-    exp = make_experience(model, tok, stream, rewards, [], reference, cfg, "cpu")
+    exp = make_experience(ExperienceInputs(model, tok, rewards, [], reference), stream, cfg, "cpu")
     b = exp.batch
     old = experience.fixed_logprobs(model, b.input_ids, b.attention_mask, b.completion_length, 1.0)
     ref = reference.logprobs(b.input_ids, b.attention_mask, b.completion_length, 1.0)
@@ -130,7 +131,7 @@ def test_process_supervision_gives_token_advantages(tmp_path):
     step_fns = [load_reward(f"{tmp_path / 'r.py'}:steps")]
     cfg = build_config(overrides={**BASE, "reward.functions": [], "reward.process_functions": [f"{tmp_path / 'r.py'}:steps"],
                                   "algorithm.beta": 0.0, "reward.step_delimiter": " "})
-    exp = make_experience(model, tok, stream, [], step_fns, None, cfg, "cpu")
+    exp = make_experience(ExperienceInputs(model, tok, [], step_fns), stream, cfg, "cpu")
     adv = exp.batch.advantages
     assert adv.shape == exp.batch.completion_mask.shape                          # [N, T]
     assert (adv[exp.batch.completion_mask == 0] == 0).all()
@@ -139,7 +140,7 @@ def test_process_supervision_gives_token_advantages(tmp_path):
 
 def test_top_entropy_rho_keeps_a_fraction_of_tokens(tmp_path):
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"algorithm.top_entropy_rho": 0.25, "algorithm.beta": 0.0})
-    exp = make_experience(model, tok, stream, rewards, [], None, cfg, "cpu")
+    exp = make_experience(ExperienceInputs(model, tok, rewards, []), stream, cfg, "cpu")
     active = exp.groups.gen.completion_mask.sum()
     kept = exp.batch.completion_mask.sum()
     assert kept == torch.ceil(0.25 * active.float())
@@ -173,7 +174,7 @@ def test_draw_groups_calls_rewards_by_keyword_with_messages_for_chat_prompts(tmp
         seen.update(kwargs, completions=completions, solution=solution)
         return [float(s in completion[0]["content"]) for completion, s in zip(completions, solution)]
 
-    groups = draw_groups(model, tok, rows, [("acc", accuracy_reward)], cfg, [0, 1], "cpu")
+    groups = draw_groups(ExperienceInputs(model, tok, [("acc", accuracy_reward)]), rows, [0, 1], cfg, "cpu")
     assert seen["completions"] == [[{"role": "assistant", "content": text}] for text in groups.completions]
     assert all(isinstance(text, str) for text in groups.completions)             # the texts stay texts
     assert seen["solution"] == [rows[0]["solution"]] * 3 + [rows[1]["solution"]] * 3
@@ -214,7 +215,7 @@ def test_grpo_train_with_trl_reward_functions(tmp_path, chat, functions):
     flat = {"model.path": str(model_dir), "data.dataset": str(write_dataset(tmp_path / "data.jsonl", chat)),
             "reward.functions": [f"{tmp_path / 'trl_rewards.py'}:{name}" for name in functions],
             "train.output_dir": str(tmp_path / "out"), "train.max_steps": 1, "train.prompts_per_step": 2,
-            "train.num_threads": 1, "train.save_final": False, "rollout.num_generations": 3,
+            "cpu.num_threads": 1, "train.save_final": False, "rollout.num_generations": 3,
             "rollout.max_new_tokens": 4, "log.progress_bar": False}
     assert main(cli_argv(flat)) == 0
     record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
@@ -228,21 +229,22 @@ def test_draw_groups_samples_in_rollout_precision(tmp_path):
     those of a bf16-autocast rollout with the same keys; auto keeps the float32 rollout."""
     from grpo.data.prompts import tokenize_prompts
     from grpo.rollout import sample
+    from grpo.rollout.params import Prompts, SamplingParams
 
     cfg, tok, model, stream, rewards = setup(tmp_path, **{"rollout.precision": "bf16"})
     rows = stream.next(2)
-    got = draw_groups(model, tok, rows, rewards, cfg, [5, 6], "cpu").gen
+    got = draw_groups(ExperienceInputs(model, tok, rewards), rows, [5, 6], cfg, "cpu").gen
     prompts = tokenize_prompts(tok, rows, "cpu")
-    args = dict(num_generations=4, max_new_tokens=6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                seed=cfg.train.seed, prompt_index=torch.tensor([5, 6]))
+    request = Prompts(prompts.prompt_ids, prompts.prompt_mask, torch.tensor([5, 6]))
+    params = SamplingParams(n=4, max_tokens=6, stop_token_ids=(tok.eos_token_id,), seed=cfg.train.seed)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16 = sample(model, prompts.prompt_ids, prompts.prompt_mask, **args)
-    fp32 = sample(model, prompts.prompt_ids, prompts.prompt_mask, **args)
+        bf16 = sample(model, request, params, pad_token_id=tok.pad_token_id)
+    fp32 = sample(model, request, params, pad_token_id=tok.pad_token_id)
     assert torch.equal(got.completion_ids, bf16.completion_ids)
     assert torch.equal(got.sampling_logprobs, bf16.sampling_logprobs)
     assert not torch.equal(got.sampling_logprobs, fp32.sampling_logprobs)
     cfg_auto = build_config(overrides={**BASE, "reward.functions": cfg.reward.functions})
-    auto = draw_groups(model, tok, rows, rewards, cfg_auto, [5, 6], "cpu").gen
+    auto = draw_groups(ExperienceInputs(model, tok, rewards), rows, [5, 6], cfg_auto, "cpu").gen
     assert torch.equal(auto.sampling_logprobs, fp32.sampling_logprobs)
 
 
@@ -288,7 +290,7 @@ def test_every_generation_config_eos_id_ends_a_completion(tmp_path, chat):
         seen.update(completions=completions, completion_ids=completion_ids)
         return [0.0] * len(completions)
 
-    groups = draw_groups(model, tok, rows, [("r", reward)], cfg, [0, 1], "cpu")
+    groups = draw_groups(ExperienceInputs(model, tok, [("r", reward)]), rows, [0, 1], cfg, "cpu")
     assert [len(ids) for ids in seen["completion_ids"]] == [1] * 8
     assert groups.gen.completion_mask.tolist() == [[1]] * 8 and not groups.gen.truncated.any()
     special = set(tok.all_special_ids)

@@ -41,7 +41,7 @@ def test_data_order_is_keyed_by_seed_and_position():
 
 def sft_argv(model, data, out, *extra):
     return ["sft", "--model", str(model), "--dataset", str(data), "--output-dir", str(out),
-            "--optim.lr", "1e-2", "--train.micro_batch_size", "4", "--train.num_threads", "1",
+            "--optim.lr", "1e-2", "--train.micro_batch_size", "4", "--cpu.num_threads", "1",
             "--log.progress_bar", "false", *extra]
 
 

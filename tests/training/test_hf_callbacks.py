@@ -41,7 +41,7 @@ class Recorder(TrainerCallback):
 def trainer(tmp_path, callback, **over):
     tok = build_tokenizer()
     config = {"max_steps": 3, "num_generations": 4, "max_completion_length": 6, "train.prompts_per_step": 2,
-              "log.progress_bar": False, "train.num_threads": 1, "train.output_dir": str(tmp_path / "run"),
+              "log.progress_bar": False, "cpu.num_threads": 1, "train.output_dir": str(tmp_path / "run"),
               "train.save_steps": 2, **over}
     return grpo.Trainer(build_model(tok, "micro", seed=0), reward_funcs=[digits], train_dataset=ROWS, tokenizer=tok,
                         config=config, callbacks=[callback])
@@ -99,7 +99,7 @@ def trl_trainer(tmp_path, callback, max_steps=4, eval_dataset=None, **over):
     tok = build_tokenizer()
     config = {"max_steps": max_steps, "num_generations": 2, "per_device_train_batch_size": 4,
               "gradient_accumulation_steps": 2, "steps_per_generation": 4, "max_completion_length": 4,
-              "log.progress_bar": False, "train.num_threads": 1, "train.output_dir": str(tmp_path / "run"),
+              "log.progress_bar": False, "cpu.num_threads": 1, "train.output_dir": str(tmp_path / "run"),
               "train.save_final": False, **over}
     return grpo.Trainer(build_model(tok, "micro", seed=0), reward_funcs=[digits], train_dataset=ROWS, tokenizer=tok,
                         config=config, callbacks=[callback], eval_dataset=eval_dataset)
@@ -210,7 +210,7 @@ def test_should_save_and_should_evaluate_are_acted_on(tmp_path):
     cb = Requests(save_at={2}, evaluate_at={1})
     tok = build_tokenizer()
     config = {"max_steps": 3, "num_generations": 4, "max_completion_length": 6, "train.prompts_per_step": 2,
-              "log.progress_bar": False, "train.num_threads": 1, "train.output_dir": str(tmp_path / "run"),
+              "log.progress_bar": False, "cpu.num_threads": 1, "train.output_dir": str(tmp_path / "run"),
               "train.save_final": False}                       # save_steps 0 and eval_steps 0: only the requests
     grpo.Trainer(build_model(tok, "micro", seed=0), reward_funcs=[digits], train_dataset=ROWS, tokenizer=tok,
                  config=config, callbacks=[cb], eval_dataset=ROWS[:4]).train()

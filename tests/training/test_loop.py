@@ -293,15 +293,15 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
         seen["in_update"].append("sample")
         return real_sample(model, *a, **k)
 
-    def update(model, *a, **k):
-        seen["grad_buffer"].append(k["grad_buffer"])
-        stats = real_update(model, *a, **k)
+    def update(model, optimizer, scheduler, batch, algo, settings):
+        seen["grad_buffer"].append(settings.grad_buffer)
+        stats = real_update(model, optimizer, scheduler, batch, algo, settings)
         seen["in_update"].append(sum(p.grad is not None for p in model.parameters()))
         return stats
 
     monkeypatch.setattr(native, "sample", sample)
     monkeypatch.setattr(trainer_module, "policy_update", update)
-    from grpo.modeling import heap                              # train.malloc_trim: once per step, before the update
+    from grpo.cpu import heap                              # cpu.malloc_trim: once per step, before the update
 
     def trim():
         seen["in_update"].append("trim")
@@ -319,7 +319,7 @@ def test_gradients_are_freed_after_each_update_and_the_rollout_runs_without_them
     n = sum(1 for p in result.model.parameters() if p.requires_grad)
     assert seen["in_update"] == ["sample", "trim", n] * 3   # rollout, one trim, then the update made every gradient
     assert seen["sample"] == [0, 0, 0]                 # the rollouts after it saw none
-    assert seen["grad_buffer"] == [True] * 3           # train.grad_buffer: the CPU runtime's plan, one process
+    assert seen["grad_buffer"] == [True] * 3           # cpu.grad_buffer: the CPU runtime's plan, one process
     assert events == [1, 2, 3] and all(p.grad is None for p in result.model.parameters())
 
 

@@ -12,12 +12,12 @@ import torch
 import transformers
 
 from grpo.config import AlgorithmConfig, build_config
-from grpo.modeling import cpu_kernels
+from grpo.cpu import kernels as cpu_kernels
 from grpo.training.memory_plan import (MemoryBudgetError, ModelShape, StepShape, default_chunk, fused_weight_bytes,
                                        gradient_bytes, head_bytes, kv_cache_bytes, moment_bytes, no_grad_budget,
                                        phase_bytes, plan_memory, runtime_allowance, stored_values_per_token)
 from grpo.training.runtime import CpuRuntime, model_shape, step_shape
-from grpo.training.update import build_optimizer, policy_update
+from grpo.training.update import UpdateSettings, build_optimizer, policy_update
 from grpo.types import TrainBatch
 
 # hidden 64, intermediate 128, 2 layers, 2 kv heads of 16, vocab 100, 10,000 trainable float32 parameters
@@ -166,7 +166,7 @@ def test_tight_budget_picks_checkpointing_and_the_update_is_unchanged(monkeypatc
         "train.memory_budget_gib": on / 2 ** 30, "rollout.max_new_tokens": T, "rollout.num_generations": 2,
         "train.prompts_per_step": 2}))                                    # the budget: exactly the plan we expect
     monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 0)
-    monkeypatch.setattr("grpo.training.runtime.model_shape", lambda m, b, d=None, r=False, rd=None: shape)   # float64: 8-byte activations
+    monkeypatch.setattr("grpo.training.runtime_plan.model_shape", lambda m, b, d=None, r=False, rd=None: shape)   # float64: 8-byte activations
     plan = runtime.memory_plan(model, P)
     assert plan.gradient_checkpointing and plan.micro_batch_tokens == row and plan.estimate_bytes <= on
 
@@ -177,7 +177,8 @@ def test_tight_budget_picks_checkpointing_and_the_update_is_unchanged(monkeypatc
                 "logprob_chunk_size": plan.logprob_chunk_size}):
         m = copy.deepcopy(model)
         opt, sched = build_optimizer(m, cfg.optim, 1)
-        stats = policy_update(m, opt, sched, batch, algo, temperature=1.0, micro_batch_size=0, max_grad_norm=0.0, **kw)
+        stats = policy_update(m, opt, sched, batch, algo,
+                              UpdateSettings(temperature=1.0, micro_batch_size=0, max_grad_norm=0.0, **kw))
         assert m.is_activation_checkpointing == kw["gradient_checkpointing"]
         results.append((stats.loss, torch.cat([p.grad.flatten() for p in m.parameters()])))
     (loss0, grad0), (loss1, grad1) = results
@@ -245,7 +246,7 @@ def test_rollout_precision_sizes_the_rollout_phase_only(monkeypatch):
     """rollout.precision bf16 beside an fp32 update: the rollout's weight copies are 2 bytes a value (its KV cache
     stays float32, as the decoder keeps it), the other phases unchanged; model_shape packs for the rollout's dtype,
     and plan_for passes it."""
-    import grpo.training.runtime as runtime
+    import grpo.training.runtime_plan as runtime
 
     half = dataclasses.replace(M, packed_rollout=True, rollout_bytes=2)
     full = dataclasses.replace(M, packed_rollout=True)

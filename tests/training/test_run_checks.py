@@ -81,7 +81,7 @@ def test_temperature_zero_warns_that_there_is_no_learning_signal(caplog):
 def test_the_trainer_stops_before_writing_anything(tmp_path, over, model_fn, error, message):
     tok = build_tokenizer()
     config = {"max_steps": 1, "num_generations": 2, "max_completion_length": 6, "train.prompts_per_step": 2,
-              "log.progress_bar": False, "train.num_threads": 1, "train.output_dir": str(tmp_path / "run"), **over}
+              "log.progress_bar": False, "cpu.num_threads": 1, "train.output_dir": str(tmp_path / "run"), **over}
     trainer = grpo.Trainer(model_fn(tok), reward_funcs=[digits], train_dataset=ROWS, tokenizer=tok, config=config)
     with pytest.raises(error, match=message):
         trainer.train()

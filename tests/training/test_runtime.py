@@ -34,16 +34,16 @@ def test_cuda_without_cuda_and_bad_names_are_config_errors():
 
 @pytest.mark.parametrize("setting", [True, False])
 def test_cpu_runtime_trims_the_heap_between_phases_as_set_and_cuda_never(monkeypatch, setting):
-    from grpo.modeling import heap
+    from grpo.cpu import heap
 
     calls = []
     monkeypatch.setattr(heap, "release_free_heap", lambda: calls.append("trim") or True)
-    cfg = build_config(overrides={"train.malloc_trim": setting})
+    cfg = build_config(overrides={"cpu.malloc_trim": setting})
     CpuRuntime(torch.device("cpu"), cfg).release_memory()
     assert calls == (["trim"] if setting else [])
     CudaRuntime(torch.device("cuda", 0), cfg).release_memory()      # no GPU call, no host trim
     assert calls == (["trim"] if setting else [])
-    assert build_config().train.malloc_trim is True                  # on by default
+    assert build_config().cpu.malloc_trim is True                  # on by default
 
 
 def test_this_machine_builds_the_cpu_runtime():
@@ -52,24 +52,23 @@ def test_this_machine_builds_the_cpu_runtime():
 
 
 def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
-    import grpo.modeling.cpu_kernels as kernels
-    from grpo.modeling import heap
+    import grpo.cpu.kernels as kernels
+    from grpo.cpu import heap
 
     tok = build_tokenizer()
-    cfg = build_config(overrides={"model.cpu_matmul": "onednn", "train.num_threads": 1,
-                                  "train.micro_batch_tokens": 0, "train.mmap_threshold_mb": 1})
+    cfg = build_config(overrides={"cpu.cpu_matmul": "onednn", "cpu.num_threads": 1, "train.lean_layers": False,
+                                  "train.micro_batch_tokens": 0, "cpu.mmap_threshold_mb": 1})
     calls = []
     monkeypatch.setattr(heap, "set_mmap_threshold", lambda mb: calls.append(("mmap", mb)))
     monkeypatch.setitem(heap._huge_pages, "on", False)
     cpu = CpuRuntime(torch.device("cpu"), cfg)
     cpu.prepare_process()
-    assert heap._huge_pages["on"]                                          # train.huge_pages (default true)
+    assert heap._huge_pages["on"]                                          # cpu.huge_pages (default true)
     model = cpu.place(build_model(tok, "micro"))
     assert ("mmap", 1) in calls and torch.get_num_threads() == 1
     if kernels.onednn_works():
         assert any(type(m) is kernels.DnnLinear for m in model.modules())
-    attention = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
-    assert attention and all(m.grpo_native_attention for m in attention)   # train.attention_kernel's calls
+    assert model.config._attn_implementation == "grpo_native"             # cpu.attention_kernel's calls
     assert cpu.micro_batch_tokens(model) == max(256, 2 ** 20 // (32 * 2))   # the CPU heuristic, with its floor
     # the CUDA runtime never calls the CPU tuning (its methods are checked without a GPU where possible)
     calls.clear()
@@ -82,14 +81,14 @@ def test_cpu_tuning_applies_on_the_cpu_runtime_only(monkeypatch):
 
 
 def test_cpu_runtime_sets_the_decode_kernel(monkeypatch):
-    """`rollout.decode_kernel`, `train.grad_kernel`, `train.elementwise_kernel` and `train.attention_kernel` are the
+    """`cpu.decode_kernel`, `cpu.grad_kernel`, `cpu.elementwise_kernel` and `cpu.attention_kernel` are the
     CPU runtime's to apply (process-wide), before the first rollout."""
-    from grpo.modeling import native_gemm
+    from grpo.cpu import native_gemm
 
     monkeypatch.setattr(native_gemm, "_modes", dict(native_gemm._modes))
-    CpuRuntime(torch.device("cpu"), build_config(overrides={"rollout.decode_kernel": "onednn", "train.grad_kernel": "onednn",
-                                                            "train.elementwise_kernel": "torch",
-                                                            "train.attention_kernel": "torch"})).prepare_process()
+    CpuRuntime(torch.device("cpu"), build_config(overrides={"cpu.decode_kernel": "onednn", "cpu.grad_kernel": "onednn",
+                                                            "cpu.elementwise_kernel": "torch",
+                                                            "cpu.attention_kernel": "torch"})).prepare_process()
     uses = ("decode", "grad", "elementwise", "attention")
     assert native_gemm._modes == {"decode": "onednn", "grad": "onednn", "elementwise": "torch", "attention": "torch"}
     assert not any(native_gemm.active(use) for use in uses)
@@ -97,14 +96,14 @@ def test_cpu_runtime_sets_the_decode_kernel(monkeypatch):
     built = native_gemm.library() is not None
     assert native_gemm._modes == dict.fromkeys(uses, "auto")
     assert all(native_gemm.active(use) == built for use in uses)
-    with pytest.raises(ValueError, match=re.escape("rollout.decode_kernel must be auto | native | onednn")):
-        build_config(overrides={"rollout.decode_kernel": "mkl"})
-    with pytest.raises(ValueError, match=re.escape("train.grad_kernel must be auto | native | onednn")):
-        build_config(overrides={"train.grad_kernel": "mkl"})
-    with pytest.raises(ValueError, match=re.escape("train.elementwise_kernel must be auto | native | torch")):
-        build_config(overrides={"train.elementwise_kernel": "onednn"})
-    with pytest.raises(ValueError, match=re.escape("train.attention_kernel must be auto | native | torch")):
-        build_config(overrides={"train.attention_kernel": "sdpa"})
+    with pytest.raises(ValueError, match=re.escape("cpu.decode_kernel must be auto | native | onednn")):
+        build_config(overrides={"cpu.decode_kernel": "mkl"})
+    with pytest.raises(ValueError, match=re.escape("cpu.grad_kernel must be auto | native | onednn")):
+        build_config(overrides={"train.grad_kernel": "mkl"})                  # the old name: an alias
+    with pytest.raises(ValueError, match=re.escape("cpu.elementwise_kernel must be auto | native | torch")):
+        build_config(overrides={"cpu.elementwise_kernel": "onednn"})
+    with pytest.raises(ValueError, match=re.escape("cpu.attention_kernel must be auto | native | torch")):
+        build_config(overrides={"cpu.attention_kernel": "sdpa"})
 
 
 def test_attention_kernel_choice():
@@ -152,7 +151,7 @@ def test_meminfo_and_cgroup_parsing():
 
 
 def test_default_budget_is_in_use_plus_a_safe_share_of_what_is_available(monkeypatch):
-    import grpo.training.runtime as runtime_module
+    import grpo.training.cpu_runtime as runtime_module   # the host-memory readings
 
     monkeypatch.setattr(runtime_module, "available_host_memory", lambda: 10 * 2 ** 30)
     monkeypatch.setattr(CpuRuntime, "memory_in_use", lambda self: 2 ** 30)
@@ -173,7 +172,7 @@ def test_this_process_memory_is_read():
 
 
 def test_ref_offload_auto_is_disk_on_cpu_for_a_large_full_copy_only(monkeypatch):
-    import grpo.training.runtime as runtime_module
+    import grpo.training.runtime_plan as runtime_module
     from grpo.config import LoraConfig
     from grpo.modeling.lora import apply_lora
     from tests.conftest import tiny_qwen2
@@ -206,11 +205,11 @@ def test_ref_offload_config_errors():
 
 @pytest.mark.parametrize("setting, world, expected", [(True, 1, True), (False, 1, False), (True, 2, False)])
 def test_cpu_runtime_plans_the_flat_gradient_buffer_for_one_process_only(monkeypatch, setting, world, expected):
-    """train.grad_buffer reaches the update through the memory plan: on in one process, off under torchrun (DDP /
+    """cpu.grad_buffer reaches the update through the memory plan: on in one process, off under torchrun (DDP /
     FSDP2 manage the gradients) and when set off; the CUDA runtime never plans it."""
     from tests.conftest import tiny_qwen2
 
     monkeypatch.setenv("WORLD_SIZE", str(world))
-    cfg = build_config(overrides={"train.grad_buffer": setting})
+    cfg = build_config(overrides={"cpu.grad_buffer": setting})
     assert CpuRuntime(torch.device("cpu"), cfg).memory_plan(tiny_qwen2(), 6).grad_buffer is expected
-    assert build_config().train.grad_buffer is True                  # on by default
+    assert build_config().cpu.grad_buffer is True                  # on by default

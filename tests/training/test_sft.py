@@ -148,12 +148,14 @@ def test_sft_evaluation_is_the_shared_evaluator(tokenizer):
 
 
 def test_cli(tmp_path, capsys):
+    from grpo.cli.sft import cold_start_main
+
     with pytest.raises(SystemExit) as exc:
-        sft.main(["--help"])
+        cold_start_main(["--help"])
     assert exc.value.code == 0
     assert "--worked-fraction" in capsys.readouterr().out
-    code = sft.main(["--out", str(tmp_path / "cli"), "--steps", "3", "--batch-size", "4", "--size", "micro",
-                     "--num-examples", "50", "--log-every", "1", "--eval-n", "4", "--eval-samples", "1"])
+    code = cold_start_main(["--out", str(tmp_path / "cli"), "--steps", "3", "--batch-size", "4", "--size", "micro",
+                            "--num-examples", "50", "--log-every", "1", "--eval-n", "4", "--eval-samples", "1"])
     assert code == 0
     out = capsys.readouterr().out
     assert "greedy" in out and "sampled" in out

@@ -1,7 +1,11 @@
 """TRL's view of a run (grpo/training/trl_view.py): step counting in optimizer updates, epochs,
 TrainingArguments fields and TRL's log key names."""
 
+import dataclasses
+
 import pytest
+from transformers import DefaultFlowCallback, TrainerControl
+from transformers import TrainerState as HFTrainerState
 
 from grpo.config import build_config
 from grpo.rewards.context import TrainerState
@@ -71,3 +75,31 @@ def test_log_history_entries_use_trls_step_and_epoch():
 @pytest.mark.parametrize("num_prompts, epochs", [(16, 1), (3, 3), (0, 0)])
 def test_num_train_epochs_rounds_up(num_prompts, epochs):
     assert TrlProgress(cfg(), num_prompts).num_train_epochs == epochs    # 2 steps x 4 prompts = 8 drawn
+
+
+def test_a_trainer_callback_reads_the_fields_it_needs_from_the_arguments():
+    """transformers' DefaultFlowCallback (every Trainer's) decides log / save / stop from the arguments' strategies
+    and the state's intervals: with save_steps 1 grpo step = 4 updates, update 4 saves and logs, update 8 stops."""
+    a = training_arguments(cfg(**{"train.eval_steps": 0}))
+    assert (a.logging_strategy, a.save_strategy, a.eval_strategy, a.eval_delay, a.logging_first_step) == (
+        "steps", "steps", "no", 0, False)
+    state = HFTrainerState(max_steps=a.max_steps, logging_steps=a.logging_steps, save_steps=a.save_steps,
+                           eval_steps=a.eval_steps, train_batch_size=a.per_device_train_batch_size)
+    flow = DefaultFlowCallback()
+    state.global_step = 3
+    c = flow.on_step_end(a, state, TrainerControl())
+    assert (c.should_log, c.should_save, c.should_evaluate, c.should_training_stop) == (False, False, False, False)
+    state.global_step = 4
+    c = flow.on_step_end(a, state, TrainerControl())
+    assert (c.should_log, c.should_save, c.should_evaluate, c.should_training_stop) == (True, True, False, False)
+    state.global_step = 8
+    c = flow.on_step_end(a, state, TrainerControl())
+    assert (c.should_log, c.should_save, c.should_training_stop) == (True, True, True)
+    assert a.to_dict()["learning_rate"] == 3e-6 and '"max_steps": 8' in a.to_json_string()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.max_steps = 1                                  # read-only: changing it would not change the run
+
+
+def test_the_progress_gives_the_arguments_its_epoch_count():
+    assert training_arguments(cfg()).num_train_epochs is None              # the prompt count is not known yet
+    assert TrlProgress(cfg(), num_prompts=3).args.num_train_epochs == 3    # 2 steps x 4 prompts of 3: 3 epochs

@@ -9,7 +9,7 @@ from grpo.modeling.logprobs import (completion_logprobs, entropy_from_logits, fi
                            selective_logprobs)
 from grpo.algorithms.shaping import top_entropy_mask
 from grpo.types import TrainBatch
-from grpo.training.update import build_optimizer, policy_update
+from grpo.training.update import UpdateSettings, build_optimizer, policy_update
 from tests.conftest import tiny_qwen2
 
 
@@ -39,7 +39,7 @@ def test_on_policy_gradient_equals_reinforce_with_group_baseline():
     # SGD with lr 0 leaves the gradients of policy_update readable and the weights untouched
     opt2 = torch.optim.SGD(m2.parameters(), lr=0.0)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0)
-    policy_update(m2, opt2, sched2, batch, algo, temperature=1.0, micro_batch_size=0, max_grad_norm=0.0)
+    policy_update(m2, opt2, sched2, batch, algo, UpdateSettings(temperature=1.0, micro_batch_size=0, max_grad_norm=0.0))
     m3.train()
     logp, _ = completion_logprobs(m3, batch.input_ids, batch.attention_mask, 5)
     mask = batch.completion_mask
@@ -51,7 +51,7 @@ def test_on_policy_gradient_equals_reinforce_with_group_baseline():
 def test_update_releases_the_lm_heads_kept_buffers():
     """The one-buffer head keeps its [k, V] buffers between calls on the CPU; policy_update frees them after its
     last backward pass, so a rollout never holds them."""
-    from grpo.modeling import workspace
+    from grpo.cpu import workspace
 
     model = tiny_qwen2()
     batch = make_batch()
@@ -60,7 +60,7 @@ def test_update_releases_the_lm_heads_kept_buffers():
     assert "head.logits" in workspace.held_names()     # kept after a call (and head.probs without native passes)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     policy_update(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch, AlgorithmConfig(beta=0.0),
-                  temperature=1.0, micro_batch_size=2, max_grad_norm=0.0)
+                  UpdateSettings(temperature=1.0, micro_batch_size=2, max_grad_norm=0.0))
     assert not workspace.held_names()
 
 
@@ -81,8 +81,8 @@ def test_micro_batched_update_equals_full_batch(beta, mu):
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         for _ in range(mu):
-            stats = policy_update(model, opt, sched, batch, algo, temperature=0.7, micro_batch_size=mb,
-                                  max_grad_norm=1.0)
+            stats = policy_update(model, opt, sched, batch, algo,
+                                  UpdateSettings(temperature=0.7, micro_batch_size=mb, max_grad_norm=1.0))
         results.append((torch.cat([p.detach().flatten() for p in model.parameters()]), stats))
     (full, s_full), *others = results
     assert not torch.allclose(full, torch.cat([p.flatten() for p in base.parameters()]))  # it did learn
@@ -109,8 +109,8 @@ def test_nonfinite_step_is_skipped():
     batch = make_batch()
     batch.advantages[0] = float("nan")
     opt, sched = build_optimizer(model, OptimConfig(lr=1e-2), 1)
-    stats = policy_update(model, opt, sched, batch, AlgorithmConfig(beta=0.0), temperature=1.0,
-                          micro_batch_size=0, max_grad_norm=1.0)
+    stats = policy_update(model, opt, sched, batch, AlgorithmConfig(beta=0.0),
+                          UpdateSettings(temperature=1.0, micro_batch_size=0, max_grad_norm=1.0))
     assert stats.skipped
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -165,8 +165,8 @@ def update_grads(batch, algo, micro_batch_size=0, seed=0):
     model = tiny_qwen2(seed=seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    stats = policy_update(model, opt, sched, batch, algo, temperature=1.0, micro_batch_size=micro_batch_size,
-                          max_grad_norm=0.0)
+    stats = policy_update(model, opt, sched, batch, algo,
+                          UpdateSettings(temperature=1.0, micro_batch_size=micro_batch_size, max_grad_norm=0.0))
     return grads_of(model), stats
 
 
@@ -234,7 +234,7 @@ def test_filtered_completion_mask_selects_the_tokens_that_train():
 
 
 @pytest.mark.parametrize("options", [
-    dict(clip_ratio_c=1.5, entropy_coef=0.01),
+    dict(policy_loss={"name": "clip", "ratio_c": 1.5}, entropy_coef=0.01),
     dict(importance_sampling_level="sequence", epsilon=0.01, loss_agg_mode="token-mean"),
     dict(loss_agg_mode="token-mean", entropy_coef=0.02, filtered=True),
 ])
@@ -250,7 +250,7 @@ def test_micro_batched_update_equals_full_batch_with_new_options(options):
     assert torch.allclose(full, mb2, atol=1e-6, rtol=1e-4)
     assert s_full.loss == pytest.approx(s_mb2.loss, abs=1e-6)
     assert s_full.dual_clip_fraction == pytest.approx(s_mb2.dual_clip_fraction)
-    if "clip_ratio_c" in options:
+    if "policy_loss" in options:                                      # the dual clip is on
         assert s_full.dual_clip_fraction > 0
 
 
@@ -290,7 +290,8 @@ def test_chunk_size_and_gradient_checkpointing_leave_the_update_unchanged(chunk,
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        policy_update(model, opt, sched, batch, algo, temperature=0.7, micro_batch_size=4, max_grad_norm=1.0, **kw)
+        policy_update(model, opt, sched, batch, algo,
+                      UpdateSettings(temperature=0.7, micro_batch_size=4, max_grad_norm=1.0, **kw))
         assert model.is_gradient_checkpointing == bool(kw.get("gradient_checkpointing"))
         params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert not torch.allclose(params[0], torch.cat([p.flatten() for p in base.parameters()]))
@@ -345,15 +346,15 @@ def test_token_budget_update_equals_full_batch():
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        policy_update(model, opt, sched, batch, AlgorithmConfig(beta=0.0), temperature=1.0, micro_batch_size=0,
-                      max_grad_norm=1.0, micro_batch_tokens=tokens)
+        policy_update(model, opt, sched, batch, AlgorithmConfig(beta=0.0),
+                      UpdateSettings(temperature=1.0, micro_batch_size=0, max_grad_norm=1.0, micro_batch_tokens=tokens))
         out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert not torch.allclose(out[0], torch.cat([p.flatten() for p in base.parameters()]))
     assert torch.allclose(out[0], out[1], atol=1e-6)
 
 
 def test_auto_micro_batch_tokens_scales_with_model_width():
-    from grpo.training.update import auto_micro_batch_tokens
+    from grpo.training.cpu_runtime import auto_micro_batch_tokens
 
     assert auto_micro_batch_tokens(tiny_qwen2()) == max(256, 2 ** 20 // (tiny_qwen2().config.hidden_size *
                                                                           tiny_qwen2().config.num_hidden_layers))
@@ -365,7 +366,7 @@ def test_planner_counts_lean_layers_only_where_they_run():
 
     from grpo.modeling.lean_layers import use_lean_layers
     from grpo.training.runtime import model_shape
-    from grpo.training.update import auto_micro_batch_tokens
+    from grpo.training.cpu_runtime import auto_micro_batch_tokens
 
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=768, num_hidden_layers=12,
@@ -394,7 +395,7 @@ def test_policy_weight_multiplies_the_off_policy_mask_into_lambda_grpos_weights(
     old = torch.zeros(3, 5)
     logp[0] = -5.0                 # row 0: far from the sampler and negative -> masked; row 2 far but positive
     logp[2] = -5.0
-    algo = AlgorithmConfig(off_policy_mask_threshold=0.5)
+    algo = AlgorithmConfig(off_policy_mask={"name": "kl", "threshold": 0.5})
     w = policy_weight(algo, logp, old, batch, Preference(), (None, None))
     assert w.shape == (3, 1)
     assert torch.equal(w.detach().flatten(), torch.tensor([0.0, 2.0, 3.0]))
@@ -421,8 +422,8 @@ def test_the_loss_statistics_are_read_once_per_update_not_per_micro_batch():
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         with ScalarReads("algorithms/loss.py", "training/update.py") as counted:
-            results[mb] = policy_update(model, opt, sched, batch, algo, temperature=1.0, micro_batch_size=mb,
-                                        max_grad_norm=1.0)
+            results[mb] = policy_update(model, opt, sched, batch, algo,
+                                        UpdateSettings(temperature=1.0, micro_batch_size=mb, max_grad_norm=1.0))
         reads[mb] = counted.count
         assert results[mb].rollout_logprob_diff == pytest.approx(0.01, abs=1e-5) and results[mb].kl > 0
     assert reads[0] == reads[1] <= 1, reads                      # at most the gradient norm's
@@ -474,10 +475,10 @@ def test_build_optimizer_makes_the_adam_state_but_leaves_other_optimizers_alone(
 
 @pytest.mark.parametrize("onednn", [False, True])
 def test_gradient_buffer_trains_bit_for_bit_like_gradients_made_one_by_one(onednn):
-    """train.grad_buffer: the policy's gradients start as zeroed views of one flat buffer; over 3 micro-batches the
+    """cpu.grad_buffer: the policy's gradients start as zeroed views of one flat buffer; over 3 micro-batches the
     update (autograd's AccumulateGrad, or oneDNN's in-place blocks and first-product gradients) reaches the same
     parameters exactly, and during the step every gradient is a view of that one buffer."""
-    from grpo.modeling.cpu_kernels import use_cpu_matmul
+    from grpo.cpu.placement import use_cpu_matmul
 
     batch = make_batch()
     base = tiny_qwen2()
@@ -488,8 +489,8 @@ def test_gradient_buffer_trains_bit_for_bit_like_gradients_made_one_by_one(onedn
         if onednn:
             use_cpu_matmul(model, "onednn", grad_in_place=True)
         opt, sched = build_optimizer(model, OptimConfig(lr=1e-2), 10)
-        policy_update(model, opt, sched, batch, algo, temperature=0.7, micro_batch_size=2, max_grad_norm=1.0,
-                      grad_buffer=grad_buffer)
+        policy_update(model, opt, sched, batch, algo,
+                      UpdateSettings(temperature=0.7, micro_batch_size=2, max_grad_norm=1.0, grad_buffer=grad_buffer))
         params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
         storages.append({p.grad.untyped_storage().data_ptr() for p in model.parameters()})   # the step's gradients
     assert len(storages[0]) > 1 and len(storages[1]) == 1        # one buffer holds every gradient
@@ -498,7 +499,7 @@ def test_gradient_buffer_trains_bit_for_bit_like_gradients_made_one_by_one(onedn
 
 
 def test_gradient_buffer_gives_zeroed_views_and_leaves_existing_gradients():
-    from grpo.modeling.grad_in_place import gradient_buffer
+    from grpo.cpu.grad_in_place import gradient_buffer
 
     a, b, c = (torch.nn.Parameter(torch.randn(*s)) for s in ((3, 4), (5,), (2, 2)))
     d = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))

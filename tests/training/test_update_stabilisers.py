@@ -24,8 +24,8 @@ def test_all_stabilisers_micro_batched_equal_full_batch():
     batch, _ = with_ref_and_sampler(0.4)
     batch.beta = torch.tensor([0.04, 0.0, 0.1, 0.04, 0.0, 0.2], device="cpu")
     batch.old_logprobs = fixed_logprobs(tiny_qwen2(), batch.input_ids, batch.attention_mask, 5) - 0.1
-    algo = AlgorithmConfig(beta=0.04, kl_ratio_correction=True, off_policy_mask_threshold=0.2,
-                           rollout_correction="token_truncate", rollout_correction_max=1.2)
+    algo = AlgorithmConfig(beta=0.04, kl_ratio_correction=True, off_policy_mask={"name": "kl", "threshold": 0.2},
+                           rollout_correction={"name": "token_truncate", "max": 1.2})
     (full, s_full), (mb2, s_mb2) = update_grads(batch, algo), update_grads(batch, algo, micro_batch_size=2)
     assert torch.allclose(full, mb2, atol=1e-6, rtol=1e-4)
     assert s_full.loss == pytest.approx(s_mb2.loss, abs=1e-6)
@@ -35,13 +35,13 @@ def test_off_policy_mask_drops_exactly_the_far_negative_sequences():
     """Sampler log-probs 1.0 above the policy's on every token: mean log(pi_sampler/pi_theta) = 1 > 0.5, so every
     A < 0 completion leaves the loss; with beta = 0 that is the update with those advantages set to 0."""
     batch, _ = with_ref_and_sampler(1.0)
-    masked, _ = update_grads(batch, AlgorithmConfig(beta=0.0, off_policy_mask_threshold=0.5))
+    masked, _ = update_grads(batch, AlgorithmConfig(beta=0.0, off_policy_mask={"name": "kl", "threshold": 0.5}))
     plain = make_batch()
     plain.advantages = torch.where(plain.advantages < 0, 0.0, plain.advantages)
     expected, _ = update_grads(plain, AlgorithmConfig(beta=0.0))
     assert (make_batch().advantages < 0).any()
     torch.testing.assert_close(masked, expected, rtol=1e-5, atol=1e-7)
-    kept, _ = update_grads(batch, AlgorithmConfig(beta=0.0, off_policy_mask_threshold=1.5))   # 1 <= 1.5: none dropped
+    kept, _ = update_grads(batch, AlgorithmConfig(beta=0.0, off_policy_mask={"name": "kl", "threshold": 1.5}))   # 1 <= 1.5: none dropped
     torch.testing.assert_close(kept, update_grads(make_batch(), AlgorithmConfig(beta=0.0))[0], rtol=1e-5, atol=1e-7)
 
 

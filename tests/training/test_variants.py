@@ -1,4 +1,4 @@
-"""The wiring of issue 21's reward and advantage variants (grpo/training/variants.py) on the embedded
+"""The wiring of the reward and advantage variants (grpo/training/variants.py) on the embedded
 micro model: guided error correction, GRPO-LEAD's reward and weights, entropy-shaped advantages."""
 
 import json
@@ -12,7 +12,7 @@ from grpo.api.trainer import train
 from grpo.config import ConfigError, build_config
 from grpo.modeling.logprobs import fixed_logprobs
 from grpo.modeling.models import build_model, build_tokenizer
-from grpo.training.experience import draw_groups, lengths_of
+from grpo.training.experience import ExperienceInputs, draw_groups, lengths_of
 from grpo.training.variants import advantage_variants
 
 CPU = torch.device("cpu")
@@ -39,8 +39,9 @@ def test_guided_error_correction_injects_the_solution_into_all_wrong_groups():
             {"prompt": "2+2=", "solution": "4"},
             {"prompt": "3+3=", "solution": ""}]                       # no solution: left alone
     cfg = config(**{"algorithm.guided_error_correction": True, "rollout.max_new_tokens": 8})
-    before = draw_groups(model, tok, rows, [("exact", exact)], config(**{"rollout.max_new_tokens": 8}), [0, 1, 2], CPU)
-    after = draw_groups(model, tok, rows, [("exact", exact)], cfg, [0, 1, 2], CPU)
+    inputs = ExperienceInputs(model, tok, [("exact", exact)])
+    before = draw_groups(inputs, rows, [0, 1, 2], config(**{"rollout.max_new_tokens": 8}), CPU)
+    after = draw_groups(inputs, rows, [0, 1, 2], cfg, CPU)
     assert before.total.tolist() == [0.0] * 9                          # the untrained model never writes them
     # groups 0 and 1: their last completion (rows 2 and 5) is the solution, scored again -> 1.0
     assert after.completions[2] == "<answer>2</answer>" and after.completions[5] == "4"
@@ -62,10 +63,10 @@ def test_lead_reward_in_draw_groups_is_the_pure_function():
     tok = build_tokenizer()
     model = build_model(tok, "micro", seed=0)
     rows = [{"prompt": f"{i}+{i}="} for i in range(4)]
-    plain = draw_groups(model, tok, rows, [("digits", digits)], config(), [0, 1, 2, 3], CPU)
-    lead = draw_groups(model, tok, rows, [("digits", digits)],
-                       config(**{"algorithm.length_reward_alpha": 0.05, "algorithm.wrong_answer_penalty": 1.0}),
-                       [0, 1, 2, 3], CPU)
+    inputs = ExperienceInputs(model, tok, [("digits", digits)])
+    plain = draw_groups(inputs, rows, [0, 1, 2, 3], config(), CPU)
+    lead = draw_groups(inputs, rows, [0, 1, 2, 3],
+                       config(**{"algorithm.length_reward_alpha": 0.05, "algorithm.wrong_answer_penalty": 1.0}), CPU)
     expected = lead_correctness_reward(plain.per_function[:, 0], lengths_of(plain.gen), 3, 0.05, 1.0)
     assert torch.allclose(lead.per_function[:, 0], expected) and torch.allclose(lead.total, expected)
     assert bool((plain.total > 0).any()) and bool((lead.total == -1).any())
@@ -79,7 +80,7 @@ def test_advantage_variants_apply_edge_then_difficulty_weights():
     model = build_model(tok, "micro", seed=0)
     rows = [{"prompt": f"{i}+1="} for i in range(4)]
     cfg = config(**{"algorithm.entropy_advantage": "edge", "algorithm.difficulty_weighting": "lead"})
-    groups = draw_groups(model, tok, rows, [("digits", digits)], cfg, [0, 1, 2, 3], CPU)
+    groups = draw_groups(ExperienceInputs(model, tok, [("digits", digits)]), rows, [0, 1, 2, 3], cfg, CPU)
     g = groups.gen
     input_ids, attn = torch.cat([g.prompt_ids, g.completion_ids], 1), torch.cat([g.prompt_mask, g.completion_mask], 1)
     mask = g.completion_mask.float()
@@ -114,5 +115,5 @@ def test_bad_variant_keys_are_one_line_errors():
         build_config(overrides={"algorithm.entropy_advantage": "nope"})
     with pytest.raises(ConfigError, match="algorithm.difficulty_weighting"):
         build_config(overrides={"algorithm.difficulty_weighting": "nope"})
-    with pytest.raises(ConfigError, match="entropy_reward_weight"):
-        build_config(overrides={"algorithm.entropy_reward_weight": 1.5})
+    with pytest.raises(ConfigError, match="algorithm.entropy_advantage.reward_weight must be in"):
+        build_config(overrides={"algorithm.entropy_advantage": {"name": "gtpo", "reward_weight": 1.5}})

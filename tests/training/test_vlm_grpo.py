@@ -15,6 +15,7 @@ from grpo.data.tasks import shapes_vqa
 from grpo.modeling.logprobs import fixed_logprobs
 from grpo.modeling.vlm import IMAGE_TOKEN, build_image_processor, build_vlm, build_vlm_tokenizer, vision_rows
 from grpo.rollout import sample
+from grpo.rollout.params import Prompts, SamplingParams
 
 TINY = dict(vision_hidden=32, vision_layers=1, vision_heads=2, text_hidden=32, text_layers=1, text_heads=2,
             text_kv_heads=1)
@@ -35,7 +36,7 @@ def length_reward(completions, **kwargs):
 
 def grpo_config(out, **over):
     return {"max_steps": 2, "num_generations": 4, "learning_rate": 1e-2, "max_completion_length": 6,
-            "train.prompts_per_step": 2, "log.progress_bar": False, "train.num_threads": 1,
+            "train.prompts_per_step": 2, "log.progress_bar": False, "cpu.num_threads": 1,
             "train.output_dir": str(out), "rollout.temperature": 1.0, **over}
 
 
@@ -69,9 +70,9 @@ def test_rollout_logprobs_equal_a_recomputation_with_the_pixel_values():
     rows = rows_for(model, proc, 3)
     batch = tokenize_prompts(tok, rows, "cpu")
     assert batch.model_inputs["pixel_values"].shape == (3, 3, 32, 32)
-    gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=4, max_new_tokens=8, temperature=1.0,
-                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seed=5,
-                 model_inputs=batch.model_inputs)
+    gen = sample(model, Prompts(batch.prompt_ids, batch.prompt_mask, model_inputs=batch.model_inputs),
+                 SamplingParams(n=4, max_tokens=8, temperature=1.0, stop_token_ids=(tok.eos_token_id,), seed=5),
+                 pad_token_id=tok.pad_token_id)
     assert gen.model_inputs["pixel_values"].shape == (12, 3, 32, 32)
     assert torch.equal(gen.model_inputs["pixel_values"][4], batch.model_inputs["pixel_values"][1])  # row i*G+g
     ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
@@ -92,8 +93,9 @@ def test_image_tokens_are_prompt_only_never_sampled_and_carry_no_loss():
     assert ((batch.prompt_ids == image_id).sum(1) == 16).all()          # 32 / 8 = 4 x 4 patches per image
     with torch.no_grad():                                                # the untrained head would favour it:
         model.get_output_embeddings().weight[image_id] *= 50.0         # suppression must still win
-    gen = sample(model, batch.prompt_ids, batch.prompt_mask, num_generations=8, max_new_tokens=12, temperature=1.5,
-                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, model_inputs=batch.model_inputs)
+    gen = sample(model, Prompts(batch.prompt_ids, batch.prompt_mask, model_inputs=batch.model_inputs),
+                 SamplingParams(n=8, max_tokens=12, temperature=1.5, stop_token_ids=(tok.eos_token_id,)),
+                 pad_token_id=tok.pad_token_id)
     assert not (gen.completion_ids == image_id).any()
     logits = model(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, **batch.model_inputs).logits
     assert (logits[..., image_id] == -1e4).all()                        # probability exactly 0 in float32

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from grpo.data.tasks.common import generate_rows, hashed_split
+from grpo.data.tasks.common import generate_rows, hashed_split, styled_rows
 
 SPLITS = ("train", "test")
 TEST_PERCENT = 10
@@ -58,9 +58,5 @@ def direct_completion(problem: str) -> str:
 def sft_examples(n: int, seed: int = 0, tool_fraction: float = 0.3) -> list[dict]:
     """``n`` cold-start rows ``{"prompt", "completion", "answer"}`` of the train split: a tool episode with
     probability `tool_fraction`, else a direct answer."""
-    if not 0.0 <= tool_fraction <= 1.0:
-        raise ValueError(f"tool_fraction must be in [0, 1], got {tool_fraction}")
-    style = random.Random(f"calculator:style:{seed}")
-    rows = generate("train", n, seed=seed, unique=False)
-    return [{**r, "completion": (tool_completion if style.random() < tool_fraction else direct_completion)(
-        r["prompt"].removesuffix("="))} for r in rows]
+    return styled_rows("calculator", generate("train", n, seed=seed, unique=False), seed, tool_fraction,
+                       "tool_fraction", tool_completion, direct_completion)

@@ -1,4 +1,5 @@
-"""What the embedded tasks share: a SHA-256 train/test split and the row generator built on it."""
+"""What the embedded tasks share: a SHA-256 train/test split, the row generator built on it and the mix of
+completion styles of their SFT rows."""
 
 from __future__ import annotations
 
@@ -31,3 +32,15 @@ def generate_rows(task: str, split: str, n: int, seed: int, draw: Callable[[rand
         seen.add(problem)
         rows.append({"prompt": f"{problem}=", "answer": str(solve(problem))})
     return rows
+
+
+def styled_rows(task: str, rows: list[dict], seed: int, fraction: float, name: str,
+                styled: Callable[[str], str], direct: Callable[[str], str]) -> list[dict]:
+    """SFT rows ``{**row, "completion"}`` of prompt rows: each completion `styled` (worked, a tool episode) with
+    probability `fraction` (the argument `name`, checked to lie in [0, 1]), else `direct`; the styles drawn
+    from a generator seeded by (task, seed)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {fraction}")
+    style = random.Random(f"{task}:style:{seed}")
+    return [{**r, "completion": (styled if style.random() < fraction else direct)(r["prompt"].removesuffix("="))}
+            for r in rows]

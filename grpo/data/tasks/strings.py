@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import random
 
+from grpo.data.tasks.common import styled_rows
+
 SPLITS = ("train", "test")
 OPS = ("reverse", "sort")
 ALPHABET = "0123456789"
@@ -71,9 +73,5 @@ def direct_completion(problem: str) -> str:
 def sft_examples(n: int, seed: int = 0, worked_fraction: float = 1.0) -> list[dict]:
     """``n`` cold-start rows ``{"prompt", "completion", "answer"}`` from the train split, each worked with
     probability `worked_fraction`, else direct."""
-    if not 0.0 <= worked_fraction <= 1.0:
-        raise ValueError(f"worked_fraction must be in [0, 1], got {worked_fraction}")
-    style = random.Random(f"strings:style:{seed}")
-    rows = generate("train", n, seed=seed, unique=False)
-    return [{**r, "completion": (worked_completion if style.random() < worked_fraction else direct_completion)(
-        r["prompt"].removesuffix("="))} for r in rows]
+    return styled_rows("strings", generate("train", n, seed=seed, unique=False), seed, worked_fraction,
+                       "worked_fraction", worked_completion, direct_completion)

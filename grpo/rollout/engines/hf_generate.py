@@ -14,7 +14,7 @@ import torch
 from grpo.rollout.engine import OnLivePolicy, register
 from grpo.rollout.engines.turns import play_turns
 from grpo.rollout.eos import completion_mask_from_ids, ended_with_eos
-from grpo.rollout.params import SamplingParams, prompt_seeds
+from grpo.rollout.params import Prompts, SamplingParams, prompt_seeds
 from grpo.rollout.sampler import sampling_mode
 from grpo.types import Generation
 
@@ -66,7 +66,7 @@ class TransformersEngine(OnLivePolicy):
 
     def generate_episodes(self, prompt_ids, prompt_mask, driver, params: SamplingParams, *,
                           prompt_index=None) -> Generation:
-        return play_turns(self, prompt_ids, prompt_mask, driver, params, prompt_index, self.pad_token_id)
+        return play_turns(self, Prompts(prompt_ids, prompt_mask, prompt_index), driver, params, self.pad_token_id)
 
 
 @register("transformers")

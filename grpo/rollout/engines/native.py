@@ -1,6 +1,7 @@
-"""The native engine: grpo's own keyed sampler (grpo/rollout/sampler.py, grpo/rollout/multiturn.py) on the live
-policy. Every token is a pure function of (seed, prompt index, sample, position): the same completions in any
-batch, on any rank, after any resume."""
+"""The native engine: grpo's own keyed sampler on the live policy: one decode loop (grpo/rollout/sampler.py
+``decode_rows``) whose rows end at a stop token (``sample``) or as an episode's driver decides
+(grpo/rollout/multiturn.py ``sample_episodes``). Every token is a pure function of (seed, prompt index, sample,
+position): the same completions in any batch, on any rank, after any resume."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from grpo.rollout.engine import OnLivePolicy, register
 from grpo.rollout.multiturn import sample_episodes
-from grpo.rollout.params import SamplingParams
+from grpo.rollout.params import Prompts, SamplingParams
 from grpo.rollout.sampler import sample
 from grpo.types import Generation
 
@@ -19,21 +20,15 @@ class NativeEngine(OnLivePolicy):
     def __init__(self, model: torch.nn.Module, pad_token_id: int, lean: bool = True):
         self.model, self.pad_token_id, self.lean = model, pad_token_id, lean
 
-    def _common(self, params: SamplingParams) -> dict:
-        return dict(num_generations=params.n, max_new_tokens=params.max_tokens, temperature=params.temperature,
-                    top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
-                    eos_token_id=list(params.stop_token_ids), pad_token_id=self.pad_token_id, seed=params.seed,
-                    lean=self.lean)
-
     def generate(self, prompt_ids, prompt_mask, params: SamplingParams, *, prompt_index=None,
                  model_inputs=None) -> Generation:
-        return sample(self.model, prompt_ids, prompt_mask, repetition_penalty=params.repetition_penalty,
-                      prompt_index=prompt_index, model_inputs=model_inputs, **self._common(params))
+        return sample(self.model, Prompts(prompt_ids, prompt_mask, prompt_index, model_inputs or {}), params,
+                      pad_token_id=self.pad_token_id, lean=self.lean)
 
     def generate_episodes(self, prompt_ids, prompt_mask, driver, params: SamplingParams, *,
                           prompt_index=None) -> Generation:
-        return sample_episodes(self.model, prompt_ids, prompt_mask, driver, prompt_index=prompt_index,
-                               **self._common(params))
+        return sample_episodes(self.model, Prompts(prompt_ids, prompt_mask, prompt_index), params, driver,
+                               pad_token_id=self.pad_token_id, lean=self.lean)
 
 
 @register("native")

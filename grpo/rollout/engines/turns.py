@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from grpo.rollout.multiturn import written_mask
-from grpo.rollout.params import SamplingParams, prompt_seeds
+from grpo.rollout.params import Prompts, SamplingParams, prompt_seeds
 from grpo.types import Generation
 
 
@@ -71,12 +71,12 @@ def _consume(row: int, ep: _Episode, tokens: list[int], logprobs: list[float], d
     return False
 
 
-def play_turns(engine, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, driver, params: SamplingParams,
-               prompt_index: torch.Tensor | None, pad_token_id: int) -> Generation:
+def play_turns(engine, prompts: Prompts, driver, params: SamplingParams, pad_token_id: int) -> Generation:
     """G episodes per left-padded prompt through `engine.generate` (module docstring).
-    Shape: prompt_ids, prompt_mask [B, P], prompt_index [B] -> Generation of B * G rows with action_mask."""
+    Shape: prompts.ids, prompts.mask [B, P], prompts.index [B] -> Generation of B * G rows with action_mask."""
+    prompt_ids, prompt_mask = prompts.ids, prompts.mask
     B, G, cap = prompt_ids.size(0), params.n, params.max_tokens
-    index = (torch.arange(B, device="cpu") if prompt_index is None else prompt_index.detach().cpu()).long()     # [B]
+    index = (torch.arange(B, device="cpu") if prompts.index is None else prompts.index.detach().cpu()).long()   # [B]
     prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu())]
     eos = set(params.stop_token_ids)
     episodes = [_Episode() for _ in range(B * G)]

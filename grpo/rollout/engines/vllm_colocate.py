@@ -33,8 +33,9 @@ import torch
 from grpo.modeling.hf_weights import hf_weights
 from grpo.rollout.engine import EngineUnavailable, register
 from grpo.rollout.engines.turns import play_turns
+from grpo.rollout.engines.vllm_transport import retie_embeddings
 from grpo.rollout.eos import completion_mask_from_ids, ended_with_eos
-from grpo.rollout.params import SamplingParams, prompt_seeds
+from grpo.rollout.params import Prompts, SamplingParams, prompt_seeds
 from grpo.types import Generation
 
 INSTALL_HINT = ("rollout.engine vllm needs vLLM: on a GPU host `pip install vllm` (or grpo[vllm]); on a CPU host "
@@ -144,23 +145,6 @@ def token_lists(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[lis
     return [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu())]
 
 
-def retie_embeddings(worker) -> bool:
-    """Runs in vLLM's worker after a reload: a tied output head (tie_word_embeddings) reads the reloaded input
-    embedding, and the CPU backend packs it again for its GEMM (the reload re-packs only the layers it loaded
-    into, and a tied checkpoint has no lm_head.weight)."""
-    model = worker.model_runner.get_model()
-    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-    if not (tied and head is not None and embed is not None):
-        return False
-    if head.weight is not embed.weight:
-        head.weight = embed.weight
-    method = getattr(head, "quant_method", None)
-    if method is not None and hasattr(method, "process_weights_after_loading"):
-        method.process_weights_after_loading(head)
-    return True
-
-
 class VllmColocateEngine:
     name = "vllm"
 
@@ -207,7 +191,7 @@ class VllmColocateEngine:
 
     def generate_episodes(self, prompt_ids, prompt_mask, driver, params: SamplingParams, *,
                           prompt_index=None) -> Generation:
-        return play_turns(self, prompt_ids, prompt_mask, driver, params, prompt_index, self.pad_token_id)
+        return play_turns(self, Prompts(prompt_ids, prompt_mask, prompt_index), driver, params, self.pad_token_id)
 
     def prompt_logprobs(self, sequences: list[list[int]], start: list[int]) -> list[list[float]]:
         """vLLM's log-probs of the given tokens of each sequence from position start[i] on (temperature 1, no

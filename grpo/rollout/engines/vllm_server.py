@@ -42,7 +42,7 @@ import torch
 from grpo.rollout.engine import EngineUnavailable, vllm_importable
 from grpo.rollout.engines.turns import play_turns
 from grpo.rollout.engines.vllm_transport import FileWeights, NcclWeights
-from grpo.rollout.params import SamplingParams, prompt_seeds
+from grpo.rollout.params import Prompts, SamplingParams, prompt_seeds
 from grpo.types import Generation
 
 #: Statuses of a server (or a proxy before it) that is starting or overloaded: retried like a refused connection.
@@ -274,7 +274,7 @@ class ServerEngine:
 
     def generate_episodes(self, prompt_ids, prompt_mask, driver, params: SamplingParams, *,
                           prompt_index=None) -> Generation:
-        return play_turns(self, prompt_ids, prompt_mask, driver, params, prompt_index, self.pad_token_id)
+        return play_turns(self, Prompts(prompt_ids, prompt_mask, prompt_index), driver, params, self.pad_token_id)
 
     # weights ------------------------------------------------------------------------------------------------
 

@@ -19,9 +19,9 @@ Two transports, by the trainer's device:
   outside package); the server must see the trainer's file system (the same machine, or a shared TMPDIR).
 
 :class:`GrpoWorkerExtension` is the server's side (``grpo vllm-serve`` passes it as vLLM's
-``--worker-extension-cls``). After the load it re-ties and re-packs a tied output head (the colocated engine's
-``retie_embeddings``): vLLM's in-place reload leaves the LM head of a model with tied embeddings (the embedded
-policy's) multiplying by the CPU backend's packed copy of the old embedding (measured: the server's log-probs
+``--worker-extension-cls``). After the load it re-ties and re-packs a tied output head (:func:`retie_embeddings`,
+which the colocated engine calls too): vLLM's in-place reload leaves the LM head of a model with tied embeddings
+(the embedded policy's) multiplying by the CPU backend's packed copy of the old embedding (measured: the server's log-probs
 were those of the new embedding with the old head), while the embedding itself is new.
 """
 
@@ -145,6 +145,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def retie_embeddings(worker) -> bool:
+    """Runs in vLLM's worker after a reload: a tied output head (tie_word_embeddings) reads the reloaded input
+    embedding, and the CPU backend packs it again for its GEMM (the reload re-packs only the layers it loaded
+    into, and a tied checkpoint has no lm_head.weight)."""
+    model = worker.model_runner.get_model()
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if not (tied and head is not None and embed is not None):
+        return False
+    if head.weight is not embed.weight:
+        head.weight = embed.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+    return True
+
+
 class GrpoWorkerExtension:
     """Mixed into the server's vLLM workers by ``grpo vllm-serve`` (vLLM's --worker-extension-cls); its methods
     are what the trainer calls through ``/collective_rpc``."""
@@ -159,8 +176,6 @@ class GrpoWorkerExtension:
     def grpo_load_weights(self, path: str) -> int:
         """Load a safetensors file of checkpoint-named weights in place (vLLM's reload_weights); the number read."""
         from safetensors import safe_open
-
-        from grpo.rollout.engines.vllm_colocate import retie_embeddings
 
         count = 0
 

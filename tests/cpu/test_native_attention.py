@@ -1,4 +1,4 @@
-"""grpo.modeling.native_attention: the short-sequence causal attention kernel (`train.attention_kernel`) against a
+"""grpo.cpu.native_attention: the short-sequence causal attention kernel (`cpu.attention_kernel`) against a
 float64 scaled_dot_product_attention, inside a Hugging Face model (marked modules only), and where it steps aside."""
 
 import copy
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling import native_attention, native_gemm
+from grpo.cpu import native_attention, native_gemm
 from tests.conftest import tiny_qwen2
 
 needs_kernel = pytest.mark.skipif(native_gemm.library() is None,
@@ -91,7 +91,9 @@ def test_marked_models_train_the_same_through_the_kernel(monkeypatch):
     calls = counted(monkeypatch)
     stock = tiny_qwen2().train()
     native = copy.deepcopy(stock)
-    assert native_attention.use_native_attention(native) == 2
+    assert native_attention.use_native_attention(native) is True
+    assert native.config._attn_implementation == native_attention.NAME == "grpo_native"
+    assert stock.config._attn_implementation == "sdpa"                  # only the model switched: no global patch
     ids = torch.randint(2, 32, (3, 12), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
@@ -104,14 +106,14 @@ def test_marked_models_train_the_same_through_the_kernel(monkeypatch):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     for (name, p), q in zip(stock.named_parameters(), native.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
-    native_attention.use_native_attention(native, False)
+    assert native_attention.use_native_attention(native, False) is False
     native(input_ids=ids, attention_mask=mask)
-    assert len(calls) == 2
+    assert len(calls) == 2 and native.config._attn_implementation == "sdpa"
 
 
 @needs_kernel
 def test_calls_it_does_not_serve_go_to_sdpa(monkeypatch):
-    """float64, more positions than MAX_POSITIONS, attention dropout, `train.attention_kernel` torch, a cache's
+    """float64, more positions than MAX_POSITIONS, attention dropout, `cpu.attention_kernel` torch, a cache's
     decode step (one query, more keys): transformers' sdpa, with the same values."""
     calls = counted(monkeypatch)
     model = tiny_qwen2().train()
@@ -140,5 +142,22 @@ def test_calls_it_does_not_serve_go_to_sdpa(monkeypatch):
 
 def test_mode_is_checked(monkeypatch):
     monkeypatch.setattr(native_gemm, "_modes", dict(native_gemm._modes))
-    with pytest.raises(ValueError, match=r"train.attention_kernel: 'flash' is not one of auto \| native \| torch"):
+    with pytest.raises(ValueError, match=r"cpu.attention_kernel: 'flash' is not one of auto \| native \| torch"):
         native_gemm.configure(attention="flash")
+
+
+def test_transformers_sdpa_entry_is_left_alone():
+    """Registering grpo's attention adds a name; transformers' own "sdpa" entry stays its function (the whole process's
+    other models are untouched), and a model loaded with eager attention is not switched."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = tiny_qwen2()
+    native_attention.use_native_attention(model)
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward
+    assert ALL_ATTENTION_FUNCTIONS["grpo_native"] is native_attention.native_or_sdpa
+    assert ALL_MASK_ATTENTION_FUNCTIONS["grpo_native"] is sdpa_mask          # the masks are sdpa's
+    eager = tiny_qwen2()
+    eager.set_attn_implementation("eager")
+    assert native_attention.use_native_attention(eager) is False and eager.config._attn_implementation == "eager"

@@ -1,11 +1,11 @@
-"""grpo.modeling.native_gemm: the rollout's own decode-step GEMM (`rollout.decode_kernel`)."""
+"""grpo.cpu.native_gemm: the rollout's own decode-step GEMM (`cpu.decode_kernel`)."""
 
 import re
 
 import pytest
 import torch
 
-from grpo.modeling import native_gemm
+from grpo.cpu import native_gemm, native_library
 
 needs_kernel = pytest.mark.skipif(native_gemm.library() is None,
                                   reason=f"native decode kernel: {native_gemm.unavailable_reason()}")
@@ -82,29 +82,29 @@ def test_no_autograd():
 def test_modes_and_reasons(monkeypatch):
     """auto uses the kernel only where it runs; native where it cannot is an error naming why; bad modes fail."""
     monkeypatch.setattr(native_gemm, "_modes", dict(native_gemm._modes))
-    with pytest.raises(ValueError, match=re.escape("rollout.decode_kernel: 'fast' is not one of auto | native | onednn")):
+    with pytest.raises(ValueError, match=re.escape("cpu.decode_kernel: 'fast' is not one of auto | native | onednn")):
         native_gemm.configure("fast")
-    with pytest.raises(ValueError, match=re.escape("train.grad_kernel: 'fast' is not one of")):
+    with pytest.raises(ValueError, match=re.escape("cpu.grad_kernel: 'fast' is not one of")):
         native_gemm.configure(grad="fast")
-    monkeypatch.setattr(native_gemm, "_load", lambda: (None, "needs AVX-512 (torch reports AVX2)"))
+    monkeypatch.setattr(native_library, "_load", lambda: (None, "needs AVX-512 (torch reports AVX2)"))
     native_gemm.configure("auto", "auto")
     assert not native_gemm.active("grad") and not native_gemm.active() and native_gemm.unavailable_reason() == "needs AVX-512 (torch reports AVX2)"
     with pytest.raises(RuntimeError, match=r"native is not available here: needs AVX-512 \(torch reports AVX2\)"):
         native_gemm.configure("native")
-    with pytest.raises(RuntimeError, match=r"train.grad_kernel: native is not available here"):
+    with pytest.raises(RuntimeError, match=r"cpu.grad_kernel: native is not available here"):
         native_gemm.configure(grad="native")
-    from grpo.modeling import cpu_kernels
+    from grpo.cpu import kernels as cpu_kernels
 
     assert cpu_kernels.prepack(torch.randn(32, 16), 16).is_mkldnn             # auto without the kernel: oneDNN
 
 
 def test_build_conditions_and_a_failing_compiler(monkeypatch, tmp_path):
     """The build's own checks: the CPU, the compiler (a failing one gives the reason, not an exception), the cache."""
-    load = native_gemm._load.__wrapped__
+    load = native_library._load.__wrapped__
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert load() == (None, "needs AVX-512 (torch reports AVX2)")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    monkeypatch.setattr(native_gemm, "_gnu_openmp_loaded", lambda: True)
+    monkeypatch.setattr(native_library, "_gnu_openmp_loaded", lambda: True)
     monkeypatch.setenv("GRPO_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")
     lib, reason = load()
@@ -115,7 +115,7 @@ def test_build_conditions_and_a_failing_compiler(monkeypatch, tmp_path):
 def test_builds_into_the_cache_directory(monkeypatch, tmp_path):
     """A fresh cache directory gets one library (compiled once, then reused by the next load)."""
     monkeypatch.setenv("GRPO_KERNEL_CACHE", str(tmp_path))
-    load = native_gemm._load.__wrapped__
+    load = native_library._load.__wrapped__
     lib, reason = load()
     assert reason is None and lib is not None
     built = list(tmp_path.iterdir())

@@ -1,4 +1,4 @@
-"""grpo/modeling/vml_warmup.py: one serial call of each VML-backed op before any parallel first call."""
+"""grpo/cpu/vml_warmup.py: one serial call of each VML-backed op before any parallel first call."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo.config import build_config
-from grpo.modeling import vml_warmup
+from grpo.cpu import vml_warmup
 from grpo.training.runtime import CpuRuntime
 from tests.run_helpers import ROOT
 
@@ -19,7 +19,7 @@ CHILD = """
 import sys, torch
 torch.set_num_threads(2)
 if sys.argv[1] == "warm":
-    from grpo.modeling.vml_warmup import warm_vml
+    from grpo.cpu.vml_warmup import warm_vml
     warm_vml()
 pos = torch.arange(12).repeat(16, 1)
 inv = 1.0 / (10000 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
@@ -37,7 +37,7 @@ def test_every_op_is_called_once_per_dtype_and_the_result_is_cached():
 def test_the_cpu_runtime_warms_up_before_training(monkeypatch):
     calls = []
     monkeypatch.setattr(vml_warmup, "warm_vml", lambda: calls.append(1))
-    CpuRuntime(torch.device("cpu"), build_config(overrides={"train.mmap_threshold_mb": 0})).prepare_process()
+    CpuRuntime(torch.device("cpu"), build_config(overrides={"cpu.mmap_threshold_mb": 0})).prepare_process()
     assert calls == [1]
 
 
@@ -54,7 +54,7 @@ def test_every_cli_command_warms_up(monkeypatch):
 @pytest.mark.slow
 def test_first_parallel_cos_is_exact_in_every_fresh_process_after_the_warm_up():
     """24 fresh processes (the race is per process): without the warm-up, 45 of 150 processes on this project's
-    2-core host got errors of 1.5e-4 (module docstring of grpo/modeling/vml_warmup.py); with it, none may."""
+    2-core host got errors of 1.5e-4 (module docstring of grpo/cpu/vml_warmup.py); with it, none may."""
     errors = []
     for _ in range(24):
         out = subprocess.run([sys.executable, "-c", CHILD, "warm"], cwd=ROOT, capture_output=True, text=True,

@@ -1,10 +1,10 @@
-"""grpo.modeling.workspace: per-thread CPU buffers by name, grown when needed, freed by release."""
+"""grpo.cpu.workspace: per-thread CPU buffers by name, grown when needed, freed by release."""
 
 import threading
 
 import torch
 
-from grpo.modeling import workspace
+from grpo.cpu import workspace
 
 
 def test_held_reuses_grows_and_releases():

@@ -1,36 +1,34 @@
-"""float32 linear layers on CPU through oneDNN (`model.cpu_matmul`).
+"""float32 linear layers on CPU through oneDNN (`cpu.cpu_matmul`).
 
 PyTorch's CPU `aten::mm` for float32 calls MKL, which on AMD processors runs its AVX2 kernels; the
 oneDNN matmul that ships inside the same PyTorch uses AVX-512 there and, measured on this project's
 2-core AMD EPYC machine (bench/speed.py), runs the GEMMs of a 100M model 2.2x (training shapes) to
 3x (16-row decode) faster, with float32 accuracy (same order of error against float64 as MKL).
 
-:func:`use_cpu_matmul` switches every ``nn.Linear`` of a model (LoRA adapters and the tied LM head
+grpo.cpu.placement.use_cpu_matmul switches every ``nn.Linear`` of a model (LoRA adapters and the tied LM head
 included) to :class:`DnnLinear`, whose forward is :func:`linear`: y = x W^T + b through oneDNN,
 with a backward that also runs through oneDNN (dX = dY W, dW = dY^T X, db = sum dY). Anything that
 is not a float32 CPU tensor (CUDA, bfloat16, float64, DTensor shards), and every call under CPU
 autocast (`train.precision` bf16 / fp16), takes ``F.linear`` unchanged, so a switched model stays
 device-agnostic and autocast sees every product. ``auto`` switches only models at least
-:data:`AUTO_MIN_WIDTH` wide, and only when a short calibration on this machine shows oneDNN
+grpo.cpu.placement.AUTO_MIN_WIDTH wide, and only when a short calibration on this machine shows oneDNN
 >= 1.25x faster than ``aten::mm``.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 import torch.nn.functional as F
 
-from grpo.modeling import native_gemm
-from grpo.modeling.grad_in_place import GradIntoEmbedding, GradIntoLinear, InputCasts, accumulate_grad, cast_linear
-from grpo.modeling.workspace import held
+from grpo.cpu import native_gemm
+from grpo.cpu.grad_in_place import GradIntoLinear
+from grpo.cpu.workspace import held
+from grpo.modeling.in_place import InputCasts, accumulate_grad, cast_linear
 
-MODES = ("auto", "onednn", "aten")
 
-
-def _dnn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T (+ b) by oneDNN.  Shape: x [M, K], weight [N, K], bias [N] -> [M, N]"""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
@@ -51,8 +49,8 @@ PAD_WORKSPACE_BYTES = 16 * 2 ** 20
 
 def pad_rows(x: torch.Tensor, rows: int, slot: str = "x") -> torch.Tensor:
     """`x` with zero rows appended up to `rows` rows, in a reused buffer of this thread (one per `slot`,
-    grpo.modeling.workspace): valid until the next call with the same slot, for an operand read at once and dropped. ``F.pad`` makes a new tensor
-    per call and zero-fills all of it: at `train.mmap_threshold_mb` 1 every operand of >= 1 MiB was fresh pages
+    grpo.cpu.workspace): valid until the next call with the same slot, for an operand read at once and dropped. ``F.pad`` makes a new tensor
+    per call and zero-fills all of it: at `cpu.mmap_threshold_mb` 1 every operand of >= 1 MiB was fresh pages
     from the kernel (qwen2 768-wide update: ~10 % of its time in ``constant_pad_nd``). Operands over
     :data:`PAD_WORKSPACE_BYTES`, or not on the CPU, still go through ``F.pad``.
 
@@ -69,16 +67,16 @@ def pad_rows(x: torch.Tensor, rows: int, slot: str = "x") -> torch.Tensor:
     return out
 
 
-def _dnn_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`_dnn` with the rows of `x` zero-padded to :func:`padded_rows` (result trimmed back).
+def onednn_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`onednn_linear` with the rows of `x` zero-padded to :func:`padded_rows` (result trimmed back).
 
     Shape: x [M, K], weight [N, K], bias [N] -> [M, N]
     """
     rows = x.shape[0]
-    return _dnn(pad_rows(x, padded_rows(rows)), weight, bias)[:rows]
+    return onednn_linear(pad_rows(x, padded_rows(rows)), weight, bias)[:rows]
 
 
-#: Bytes of one block product of :func:`add_product_`: under glibc's mmap threshold (`train.mmap_threshold_mb`,
+#: Bytes of one block product of :func:`add_product_`: under glibc's mmap threshold (`cpu.mmap_threshold_mb`,
 #: default 1 MiB), so each block's output is heap memory, not fresh pages from the kernel. Measured on the
 #: AVX-512 host, dW of a [151936, 768] LM head from 55-256 rows: 2048-row blocks (6 MiB each) ran at 80-180
 #: GFLOP/s, 256-row ones (768 KiB) at 230-370, MKL's ``addmm_`` into place at 220.
@@ -92,15 +90,14 @@ def block_size(n: int, width: int) -> int:
 
 
 def native_grads(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether target += a^T b goes to the native kernel (`train.grad_kernel`): it is active and all three are
-    contiguous float32 CPU tensors."""
-    return native_gemm.active("grad") and all(
-        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and type(t) is torch.Tensor
-        for t in (target, a, b))
+    """Whether target += a^T b goes to the native kernel (`cpu.grad_kernel`): all three are contiguous float32 CPU
+    tensors (tested first: another device never builds or loads the library) and the kernel is active."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and type(t) is torch.Tensor
+               for t in (target, a, b)) and native_gemm.active("grad")
 
 
 def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: int | None = None) -> torch.Tensor:
-    """target += a^T b in place: by the native kernel (`train.grad_kernel`, :func:`native_grads`: both operands
+    """target += a^T b in place: by the native kernel (`cpu.grad_kernel`, :func:`native_grads`: both operands
     read where they are), else through oneDNN, :func:`block_size` rows of `target` at a time (oneDNN has no
     ``out=``: a whole [N, K] product would be a new tensor of the target's size per call). `rows`: the first rows
     of a and b that are not zero padding (the native kernel skips the rest).
@@ -111,14 +108,14 @@ def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: i
         return native_gemm.grad_accumulate(target, a[:rows], b[:rows])
     rows, bt = block_size(target.shape[1], target.shape[0]), b.t()
     for v in range(0, target.shape[0], rows):
-        target[v:v + rows].add_(_dnn(a[:, v:v + rows].t(), bt))           # [rows, K] = a_v^T b
+        target[v:v + rows].add_(onednn_linear(a[:, v:v + rows].t(), bt))           # [rows, K] = a_v^T b
     return target
 
 
 def add_weight_grad_(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: int | None = None,
                      whole: bool = False) -> None:
-    """param.grad += a^T b in place (`train.grad_in_place` for oneDNN-switched layers). The native kernel
-    (`train.grad_kernel`, :func:`native_grads`) adds into ``.grad``, or stores the first product into a new one
+    """param.grad += a^T b in place (`cpu.grad_in_place` for oneDNN-switched layers). The native kernel
+    (`cpu.grad_kernel`, :func:`native_grads`) adds into ``.grad``, or stores the first product into a new one
     (the sums adding to zeros would give, without the zero fill). Through oneDNN the first product becomes ``.grad``
     (no zero fill, no add pass) and later ones are added: in blocks (:func:`add_product_`), or as one whole product
     (`whole`, the lean SwiGLU's). `rows`: the first rows of a and b that are not zero padding.
@@ -132,18 +129,18 @@ def add_weight_grad_(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows
         else:
             add_product_(param.grad, a, b, rows)                             # native
     elif param.grad is None:
-        param.grad = _dnn(a.t(), b.t())
+        param.grad = onednn_linear(a.t(), b.t())
     elif whole:
-        param.grad.add_(_dnn(a.t(), b.t()))
+        param.grad.add_(onednn_linear(a.t(), b.t()))
     else:
         add_product_(param.grad, a, b)
 
 
 class _DnnLinearFn(torch.autograd.Function):
     """y = x W^T + b with every GEMM (forward and both gradients) through oneDNN. With `into`
-    (`train.grad_in_place`, leaf parameters) dW and db go into ``.grad`` in place and autograd receives None for
-    them, as grpo.modeling.grad_in_place's layers: the first micro-batch's dW becomes ``.grad`` (unless a
-    gradient buffer, `train.grad_buffer`, made it already), later ones are added by :func:`add_product_`.
+    (`cpu.grad_in_place`, leaf parameters) dW and db go into ``.grad`` in place and autograd receives None for
+    them, as grpo.cpu.grad_in_place's layers: the first micro-batch's dW becomes ``.grad`` (unless a
+    gradient buffer, `cpu.grad_buffer`, made it already), later ones are added by :func:`add_product_`.
     Autograd's dW would be a new tensor of the weight's size per micro-batch, then one more pass to add it."""
 
     @staticmethod
@@ -153,7 +150,7 @@ class _DnnLinearFn(torch.autograd.Function):
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
         ctx.into = (weight, bias) if into else None         # the leaves on ctx, not saved (as grad_in_place's)
-        return _dnn_rows(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])  # [..., N]
+        return onednn_rows(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])  # [..., N]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -164,11 +161,11 @@ class _DnnLinearFn(torch.autograd.Function):
         pad = padded_rows(rows) - rows                                       # zero rows add nothing to dY^T X
         gp = pad_rows(g2, rows + pad, "g")                                  # [M', N], padded once for both
         if ctx.needs_input_grad[0]:
-            gx = _dnn(gp, weight.t())[:rows].view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
+            gx = onednn_linear(gp, weight.t())[:rows].view(*grad.shape[:-1], weight.shape[1])   # [..., K] = dY W
         if ctx.needs_input_grad[1]:
             xp = pad_rows(x2, rows + pad)                                    # [M', K]
             if ctx.into is None:
-                gw = _dnn(gp.t(), xp.t())                                    # [N, K] = dY^T X
+                gw = onednn_linear(gp.t(), xp.t())                                    # [N, K] = dY^T X
             else:
                 add_weight_grad_(ctx.into[0], gp, xp, rows)                  # .grad += dY^T X
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -190,13 +187,13 @@ def prepack(weight: torch.Tensor, rows: int) -> torch.Tensor:
     exact. For a rollout only: the weights change after it.
 
     float32 weights for at most ``native_gemm.MAX_ROWS`` rows go to the native decode kernel instead where it is
-    active (`rollout.decode_kernel`, grpo/modeling/native_gemm.py): a ``native_gemm.PanelWeight``.
+    active (`cpu.decode_kernel`, grpo/cpu/native_gemm.py): a ``native_gemm.PanelWeight``.
 
     Shape: weight [N, K] float32 or bfloat16 on the CPU -> [N, K] (``torch._mkldnn`` layout, same dtype),
     or a PanelWeight of [N, K]
     """
     if weight.dtype == torch.float32 and padded_rows(rows) <= native_gemm.MAX_ROWS and native_gemm.active():
-        return native_gemm.pack(weight)                                     # `rollout.decode_kernel`
+        return native_gemm.pack(weight)                                     # `cpu.decode_kernel`
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), padded_rows(rows))
 
 
@@ -216,7 +213,7 @@ def bf16_native() -> bool:
     return bool(check is not None and check())
 
 
-def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def onednn_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """float32 plain tensors on the CPU (not CUDA, not a DTensor shard, not another dtype), outside CPU
     autocast: ``torch.ops.mkldnn`` is below autocast's dispatch, so under ``train.precision`` bf16 / fp16
     the product must go through ``F.linear``, which autocast casts (its bfloat16 GEMM is oneDNN's too)."""
@@ -252,9 +249,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return native_gemm.matmul(x, weight, bias)
     if weight.is_mkldnn:                                                    # a rollout's packed copy
         x2 = x.reshape(-1, x.shape[-1]).to(weight.dtype)
-        out = _dnn_rows(x2, weight, bias if bias is None else bias.to(weight.dtype))
+        out = onednn_rows(x2, weight, bias if bias is None else bias.to(weight.dtype))
         return out.view(*x.shape[:-1], weight.shape[0])
-    if not _eligible(x, weight):
+    if not onednn_eligible(x, weight):
         lowp_inference = torch.is_autocast_enabled("cpu") and not torch.is_grad_enabled()
         if lowp_inference and x.device.type == "cpu" and x.numel() > 0:
             return padded_linear(x, weight, bias)
@@ -262,7 +259,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         into = into and weight.is_leaf and (bias is None or bias.is_leaf)
         return _DnnLinearFn.apply(x, weight, bias, into)
-    out = _dnn_rows(x.reshape(-1, x.shape[-1]), weight, bias)               # no graph: skip autograd.Function
+    out = onednn_rows(x.reshape(-1, x.shape[-1]), weight, bias)               # no graph: skip autograd.Function
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -277,7 +274,8 @@ class DnnLinear(torch.nn.Linear):
 
     cast_weight: torch.Tensor | None = None
     input_casts: InputCasts | None = None
-    grad_into: bool = False                 # `train.grad_in_place`: weight and bias gradients go into .grad
+    grad_into: bool = False                 # `cpu.grad_in_place`: weight and bias gradients go into .grad
+    plain_linear = True                     # grpo.modeling.hooks.plain_linear: nn.Linear's math and parameters
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cast_weight is not None and torch.is_grad_enabled() and torch.is_autocast_enabled(x.device.type):
@@ -295,66 +293,44 @@ def onednn_works() -> bool:
         x, w, b = (torch.randn(5, 7, generator=g, device="cpu"), torch.randn(3, 7, generator=g, device="cpu"),
                    torch.randn(3, generator=g, device="cpu"))
         with torch.autocast("cpu", enabled=False):
-            return bool(torch.allclose(_dnn(x, w, b), F.linear(x, w, b), atol=1e-5))
+            return bool(torch.allclose(onednn_linear(x, w, b), F.linear(x, w, b), atol=1e-5))
     except RuntimeError:
         return False
-
-
-@functools.lru_cache(maxsize=None)
-def onednn_speedup(threads: int) -> float:
-    """Time ratio aten::mm / oneDNN on a [256, 1024] x [1024, 1024] product at `threads` threads
-    (best of 5 each, alternated; ~40 ms)."""
-    g = torch.Generator(device="cpu").manual_seed(0)       # a CPU calibration, whatever the default device
-    x, w = torch.randn(256, 1024, generator=g, device="cpu"), torch.randn(1024, 1024, generator=g, device="cpu")
-    best = {"aten": float("inf"), "dnn": float("inf")}
-    for _ in range(5):
-        for name, fn in (("aten", F.linear), ("dnn", _dnn)):
-            t0 = time.perf_counter()
-            fn(x, w)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best["aten"] / best["dnn"]
-
-
-#: `auto` leaves models narrower than this on aten: on the 128-wide embedded model oneDNN gave no
-#: gain per training step (0.31 s update either way, with padded rows) and +70 MiB peak resident
-#: memory for its kernels. The lean decoder uses oneDNN regardless (1.4-2x at decode shapes).
-AUTO_MIN_WIDTH = 512
 
 
 #: Module classes that are a plain ``nn.Linear`` but for how they multiply (the parameters are the same).
 PLAIN_LINEARS = (torch.nn.Linear, DnnLinear, GradIntoLinear)
 
 
-def should_switch(mode: str, width: int = AUTO_MIN_WIDTH) -> bool:
-    """Whether `model.cpu_matmul = mode` switches the linears of a model of hidden size `width` to
-    oneDNN on this machine."""
-    if mode not in MODES:
-        raise ValueError(f"model.cpu_matmul must be one of {' | '.join(MODES)}, got {mode!r}")
-    if mode == "aten" or not onednn_works():
-        return False
-    return mode == "onednn" or (width >= AUTO_MIN_WIDTH and onednn_speedup(torch.get_num_threads()) >= 1.25)
 
 
-def use_cpu_matmul(model: torch.nn.Module, mode: str = "auto", grad_in_place: bool = False) -> int:
-    """Switch every ``nn.Linear`` of `model` to :class:`DnnLinear` (or back, when `mode` says no); with
-    `grad_in_place`, the linears that stay on aten become :class:`GradIntoLinear`, the embeddings
-    :class:`GradIntoEmbedding` (and back without), and the oneDNN linears add their autocast-cast weight's
-    gradient into ``.grad`` in place (``DnnLinear.grad_into``).
+class OneDnnGemm:
+    """:class:`DnnLinear`'s GEMMs for the model code's own products (grpo.modeling.hooks.LayerGemm, the class
+    attribute ``DnnLinear.gemm``): the fused LM head's and the lean SwiGLU MLP's, through oneDNN (weight gradients
+    through the native kernel where `cpu.grad_kernel` allows)."""
 
-    Returns the number of linear layers that now run through oneDNN. Parameters are untouched; only
-    the class of each module changes, so state dicts, peft wrappers and checkpoints are unaffected.
-    """
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    width = getattr(getattr(inner, "config", None), "hidden_size", AUTO_MIN_WIDTH)
-    target = DnnLinear if should_switch(mode, width) else GradIntoLinear if grad_in_place else torch.nn.Linear
-    embedding = GradIntoEmbedding if grad_in_place else torch.nn.Embedding
-    switched = 0
-    for module in model.modules():
-        if type(module) in PLAIN_LINEARS:
-            module.__class__ = target
-            switched += target is DnnLinear
-            if target is DnnLinear:
-                module.grad_into = grad_in_place
-        elif type(module) in (torch.nn.Embedding, GradIntoEmbedding):
-            module.__class__ = embedding
-    return switched
+    serves = staticmethod(onednn_eligible)
+    block_size = staticmethod(block_size)
+
+    @staticmethod
+    def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """a b^T (+ bias).  Shape: a [M, K], b [N, K], bias [N] -> [M, N]"""
+        return onednn_linear(a, b, bias)
+
+    @staticmethod
+    def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        return add_product_(target, a, b, rows)
+
+    @staticmethod
+    def store_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """target = a^T b: the native kernel writes it without a zero fill, else zeros plus :func:`add_product_`."""
+        if native_grads(target, a, b):
+            return native_gemm.grad_accumulate(target, a, b, overwrite=True)
+        return add_product_(target.zero_(), a, b)
+
+    @staticmethod
+    def add_weight_grad_(param, a, b, rows: int | None = None, whole: bool = False) -> None:
+        add_weight_grad_(param, a, b, rows, whole)
+
+
+DnnLinear.gemm = OneDnnGemm()

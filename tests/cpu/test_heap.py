@@ -1,4 +1,4 @@
-"""grpo.modeling.heap: glibc's mmap threshold, giving free heap pages back, and the update's gradient buffer on
+"""grpo.cpu.heap: glibc's mmap threshold, giving free heap pages back, and the update's gradient buffer on
 transparent huge pages."""
 
 import ctypes.util
@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.modeling import heap
-from grpo.modeling.grad_in_place import gradient_buffer
+from grpo.cpu import heap
+from grpo.cpu.grad_in_place import gradient_buffer
 
 GLIBC = "libc.so.6" in (ctypes.util.find_library("c") or "")
 
 
 def test_mmap_threshold_is_left_alone_when_off_or_user_set(monkeypatch):
-    from grpo.modeling.heap import set_mmap_threshold
+    from grpo.cpu.heap import set_mmap_threshold
 
     assert set_mmap_threshold(0) is False
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
@@ -35,10 +35,10 @@ def _resident() -> int:
 def test_release_free_heap_returns_the_holes_freed_tensors_leave_in_the_heap():
     """Tensors of 96 KiB come from glibc's heap (under its 128 KiB starting mmap threshold); freeing every other one
     leaves ~40 MiB of free holes between live blocks, still resident, that glibc's own top-of-heap trimming cannot
-    reach. release_free_heap (train.malloc_trim) gives their pages back."""
+    reach. release_free_heap (cpu.malloc_trim) gives their pages back."""
     import ctypes.util
 
-    from grpo.modeling.heap import release_free_heap
+    from grpo.cpu.heap import release_free_heap
 
     if "libc.so.6" not in (ctypes.util.find_library("c") or ""):
         pytest.skip("glibc only")
@@ -78,7 +78,7 @@ def _vm_flags(address: int) -> set[str]:
 def test_large_cpu_buffers_start_on_a_huge_page_boundary_zeroed(monkeypatch):
     """>= 8 MiB: the 2 MiB-aligned part of a one-page-larger allocation, zeroed; where the kernel's THP mode is madvise
     or always the kernel backs it with huge pages where it has them free (advice: whether it does is the kernel's
-    call, so the test checks the advice is on the mapping). Small buffers, other devices and `train.huge_pages` off:
+    call, so the test checks the advice is on the mapping). Small buffers, other devices and `cpu.huge_pages` off:
     torch.zeros."""
     monkeypatch.setitem(heap._huge_pages, "on", True)
     # 40 MiB: above glibc's largest mmap threshold (32 MiB), so fresh pages the advice reaches before the first touch
@@ -98,7 +98,7 @@ def test_large_cpu_buffers_start_on_a_huge_page_boundary_zeroed(monkeypatch):
 
 
 def test_gradient_buffer_views_one_huge_page_buffer(monkeypatch):
-    """train.grad_buffer on the CPU: every gradient a zeroed view of the one buffer (on huge pages where available)."""
+    """cpu.grad_buffer on the CPU: every gradient a zeroed view of the one buffer (on huge pages where available)."""
     monkeypatch.setitem(heap._huge_pages, "on", True)
     params = [torch.nn.Parameter(torch.randn(1024, 1024)), torch.nn.Parameter(torch.randn(3000))]
     (flat,) = gradient_buffer(params)

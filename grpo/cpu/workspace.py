@@ -1,9 +1,9 @@
 """Host buffers reused from call to call instead of new tensors (per thread, CPU only).
 
-At `train.mmap_threshold_mb` 1 every host tensor of 1 MiB or more is fresh pages from the kernel, zero-filled on
+At `cpu.mmap_threshold_mb` 1 every host tensor of 1 MiB or more is fresh pages from the kernel, zero-filled on
 first touch. Operands that are made, read once and dropped at every call (a padded GEMM operand, the LM head's
 [k, V] logits) come instead from a buffer kept under a name and grown when a call needs more. Users:
-grpo.modeling.cpu_kernels.pad_rows (names ``pad.*``) and grpo.modeling.fused_head (``head.*``). The update frees
+grpo.cpu.kernels.pad_rows (names ``pad.*``) and grpo.modeling.fused_head through the buffer hook (``head.*``). The update frees
 them all after its last backward pass (:func:`release`), so a rollout never holds them. On other devices
 (CUDA's caching allocator reuses memory by itself) :func:`held` returns a new tensor.
 """

@@ -1,10 +1,11 @@
-"""grpo.modeling.native_elementwise: the update's fused elementwise passes (`train.elementwise_kernel`) against
+"""grpo.cpu.native_elementwise: the update's fused elementwise passes (`cpu.elementwise_kernel`) against
 float64 formulas, their in-place contracts, their checks, and the layers that call them against torch's path."""
 
 import pytest
 import torch
 
-from grpo.modeling import fused_head, native_elementwise, native_gemm
+from grpo.cpu import native_elementwise, native_gemm
+from grpo.modeling import fused_head
 from grpo.modeling.lean_layers import SwiGLUFn
 
 needs_kernel = pytest.mark.skipif(native_gemm.library() is None,
@@ -121,7 +122,7 @@ def test_applies_only_to_float32_contiguous_cpu_tensors_in_its_mode(monkeypatch)
     assert not native_elementwise.applies(x, x.double()) and not native_elementwise.applies(x.t())
     monkeypatch.setitem(native_gemm._modes, "elementwise", "torch")
     assert not native_elementwise.applies(x)
-    with pytest.raises(ValueError, match="train.elementwise_kernel: 'onednn' is not one of auto | native | torch"):
+    with pytest.raises(ValueError, match="cpu.elementwise_kernel: 'onednn' is not one of auto | native | torch"):
         native_gemm.configure(elementwise="onednn")
 
 
@@ -138,7 +139,7 @@ def test_swiglu_layer_is_the_same_through_either_path(monkeypatch, mode):
     gen = torch.Generator().manual_seed(3)
     leaves = [torch.randn(*s, generator=gen).requires_grad_() for s in ((9, 16), (40, 16), (40, 16), (16, 40))]
     gy = torch.randn(9, 16, generator=gen)
-    grads = torch.autograd.grad(SwiGLUFn.apply(*leaves, False), leaves, gy)
+    grads = torch.autograd.grad(SwiGLUFn.apply(*leaves, None), leaves, gy)
     l64 = [t.detach().double().requires_grad_() for t in leaves]
     y64 = (torch.nn.functional.silu(l64[0] @ l64[1].T) * (l64[0] @ l64[2].T)) @ l64[3].T
     for got, want in zip(grads, torch.autograd.grad(y64, l64, gy.double())):

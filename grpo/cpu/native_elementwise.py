@@ -1,7 +1,7 @@
-"""The update's fused elementwise passes on the CPU (`train.elementwise_kernel`), in grpo's native library
-(grpo/modeling/csrc/elementwise.c, built by grpo.modeling.native_gemm): the lean RMSNorm and SwiGLU MLP and their
-gradients (grpo.modeling.lean_layers) and the fused LM head's log-softmax, entropy and dL/dlogits
-(grpo.modeling.fused_head), each one pass over memory where torch's operators made several, with temporaries.
+"""The update's fused elementwise passes on the CPU (`cpu.elementwise_kernel`), in grpo's native library
+(grpo/cpu/csrc/elementwise.c, built by grpo.cpu.native_gemm, called as the torch operators of grpo.cpu.ops): the
+lean RMSNorm and SwiGLU MLP and their gradients (grpo.modeling.lean_layers) and the fused LM head's log-softmax,
+entropy and dL/dlogits (grpo.modeling.fused_head), reached through grpo.modeling.hooks.Elementwise, each one pass over memory where torch's operators made several, with temporaries.
 
 Measured on the 2-core AMD EPYC (Zen 5) host at qwen2-100m's shapes: the SwiGLU backward's elementwise work on a
 [352, 2048] block took ~0.2 ms against ~4 ms through torch's operators (hot caches); in the update, where the
@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import torch
 
-from grpo.modeling import native_gemm
+from grpo.cpu import native_gemm
 
 
 def applies(*tensors: torch.Tensor | None) -> bool:
-    """The native elementwise kernels serve these tensors: `train.elementwise_kernel` allows them, the library is
-    built here, and every tensor given (None skipped) is a plain tensor or parameter (no subclass: no DTensor),
-    contiguous, float32, on the CPU."""
-    return native_gemm.active("elementwise") and all(
-        t is None or (type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32
-                      and t.device.type == "cpu" and t.is_contiguous()) for t in tensors)
-
-
-def _lib():
-    return native_gemm.library()
+    """The native elementwise kernels serve these tensors: every tensor given (None skipped) is a plain tensor or
+    parameter (no subclass: no DTensor), contiguous, float32, on the CPU (tested first: another device never builds
+    or loads the library), `cpu.elementwise_kernel` allows them and the library is built here."""
+    return all(t is None or (type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32
+                             and t.device.type == "cpu" and t.is_contiguous()) for t in tensors
+               ) and native_gemm.active("elementwise")
 
 
 def _check(name: str, *tensors: torch.Tensor) -> None:
@@ -44,17 +40,13 @@ def _check(name: str, *tensors: torch.Tensor) -> None:
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e^x elementwise by the kernels' own exp (for tests and checks).  Shape: any -> the same"""
     _check("exp", x)
-    y = torch.empty_like(x)
-    _lib().grpo_exp(x.data_ptr(), y.data_ptr(), x.numel())
-    return y
+    return torch.ops.grpo.exp(x)
 
 
 def swiglu_forward(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """a = silu(g) * u = g sigmoid(g) u.  Shape: g, u [M, I] -> a [M, I]"""
     _check("swiglu_forward", g, u)
-    a = torch.empty_like(g)
-    _lib().grpo_swiglu_forward(g.data_ptr(), u.data_ptr(), a.data_ptr(), g.numel())
-    return a
+    return torch.ops.grpo.swiglu_forward(g, u)
 
 
 def swiglu_backward_(g: torch.Tensor, u: torch.Tensor, ga: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
@@ -63,8 +55,7 @@ def swiglu_backward_(g: torch.Tensor, u: torch.Tensor, ga: torch.Tensor) -> tupl
     dg = ga u s (1 + g (1 - s)) written over `ga`, du = ga silu(g), and a itself (the down projection's input,
     for its weight gradient). Returns (dg, du, a).  Shape: g, u, ga [M, I] -> three [M, I]"""
     _check("swiglu_backward_", g, u, ga)
-    du, a = torch.empty_like(g), torch.empty_like(g)
-    _lib().grpo_swiglu_backward(g.data_ptr(), u.data_ptr(), ga.data_ptr(), du.data_ptr(), a.data_ptr(), g.numel())
+    du, a = torch.ops.grpo.swiglu_backward_(g, u, ga)                          # dg written over ga
     return ga, du, a
 
 
@@ -79,8 +70,7 @@ def log_softmax_rows_(z: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor 
     _check("log_softmax_rows_", lse, *(() if entropy is None else (entropy,)))
     if lse.shape != z.shape[:1]:
         raise ValueError(f"native_elementwise.log_softmax_rows_: lse {tuple(lse.shape)} for z {tuple(z.shape)}")
-    _lib().grpo_log_softmax_rows(z.data_ptr(), z.shape[0], z.shape[1], lse.data_ptr(),
-                                 None if entropy is None else entropy.data_ptr(), int(logp))
+    torch.ops.grpo.log_softmax_rows_(z, lse, entropy, logp)
 
 
 def head_grad_rows_(dz: torch.Tensor, lse: torch.Tensor | None, g_logp: torch.Tensor, g_entropy: torch.Tensor | None,
@@ -104,9 +94,7 @@ def head_grad_rows_(dz: torch.Tensor, lse: torch.Tensor | None, g_logp: torch.Te
     if n and not bool(((tokens >= 0) & (tokens < v)).all()):
         raise IndexError(f"native_elementwise.head_grad_rows_: a token outside the vocabulary [0, {v})")
     tau = temperature if temperature > 0 else 1.0
-    _lib().grpo_head_grad_rows(dz.data_ptr(), n, v, None if lse is None else lse.data_ptr(), g_logp.data_ptr(),
-                               None if g_entropy is None else g_entropy.data_ptr(),
-                               None if g_entropy is None else entropy.data_ptr(), tokens.data_ptr(), tau)
+    torch.ops.grpo.head_grad_rows_(dz, lse, g_logp, g_entropy, entropy, tokens, float(tau))
     return dz
 
 
@@ -118,10 +106,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple
     h = x.shape[-1]
     if weight.shape != (h,):
         raise ValueError(f"native_elementwise.rms_norm_forward: weight {tuple(weight.shape)} for {h} features")
-    y, r = torch.empty_like(x), x.new_empty(*x.shape[:-1], 1)
-    _lib().grpo_rms_norm_forward(x.data_ptr(), weight.data_ptr(), y.data_ptr(), r.data_ptr(), x.numel() // max(h, 1),
-                                 h, eps)
-    return y, r
+    return torch.ops.grpo.rms_norm_forward(x, weight, float(eps))
 
 
 def rms_norm_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r: torch.Tensor, need_x: bool,
@@ -133,10 +118,5 @@ def rms_norm_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r
     """
     _check("rms_norm_backward", gy, x)
     _check("rms_norm_backward", weight)
-    h = x.shape[-1]
-    gx = torch.empty_like(x) if need_x else None
-    gw = torch.empty_like(weight) if need_w else None
-    _lib().grpo_rms_norm_backward(gy.data_ptr(), x.data_ptr(), weight.data_ptr(), r.contiguous().data_ptr(),
-                                  None if gx is None else gx.data_ptr(), None if gw is None else gw.data_ptr(),
-                                  x.numel() // max(h, 1), h)
-    return gx, gw
+    gx, gw = torch.ops.grpo.rms_norm_backward(gy, x, weight, r.contiguous(), bool(need_x), bool(need_w))
+    return gx if need_x else None, gw if need_w else None

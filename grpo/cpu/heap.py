@@ -1,6 +1,6 @@
 """The CPU runtime's host-memory settings (glibc and Linux only; elsewhere nothing is done): glibc's mmap threshold
-(`train.mmap_threshold_mb`), giving free heap pages back (`train.malloc_trim`), and the update's flat gradient
-buffer (`train.grad_buffer`) on transparent huge pages (`train.huge_pages`).
+(`cpu.mmap_threshold_mb`), giving free heap pages back (`cpu.malloc_trim`), and the update's flat gradient
+buffer (`cpu.grad_buffer`) on transparent huge pages (`cpu.huge_pages`).
 
 The buffer: 100.7M float32 gradients are 400 MB, made (and zeroed) once per update and given back to the OS after the
 step; in 4 KiB pages that is ~98 k page faults per update, which took 70-88 ms to zero-fill on the 2-core AMD EPYC
@@ -25,20 +25,20 @@ _huge_pages = {"on": True}
 
 
 def configure(mmap_threshold_mb: float, huge_pages: bool) -> None:
-    """The CPU runtime's process set-up: `train.mmap_threshold_mb` (:func:`set_mmap_threshold`) and `train.huge_pages`
+    """The CPU runtime's process set-up: `cpu.mmap_threshold_mb` (:func:`set_mmap_threshold`) and `cpu.huge_pages`
     (:func:`use_huge_pages`)."""
     set_mmap_threshold(mmap_threshold_mb)
     use_huge_pages(huge_pages)
 
 
 def use_huge_pages(enabled: bool) -> None:
-    """`train.huge_pages`: whether :func:`zeros` advises large CPU buffers as transparent huge pages (process-wide)."""
+    """`cpu.huge_pages`: whether :func:`zeros` advises large CPU buffers as transparent huge pages (process-wide)."""
     _huge_pages["on"] = bool(enabled)
 
 
 def zeros(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zeroed flat buffer of `numel` values. On the CPU under Linux with glibc, at >= HUGE_MIN_BYTES and
-    `train.huge_pages`, it is the 2 MiB-aligned part of a slightly larger allocation (one more huge page), advised
+    `cpu.huge_pages`, it is the 2 MiB-aligned part of a slightly larger allocation (one more huge page), advised
     ``MADV_HUGEPAGE`` before anything touches it, so the zero fill faults in 2 MiB pages (where the kernel's THP mode
     is madvise or always; a no-op where it is never). Same values, same resident size. Shape: [numel]"""
     itemsize = dtype.itemsize
@@ -54,7 +54,7 @@ def zeros(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 def set_mmap_threshold(megabytes: float) -> bool:
-    """glibc only: serve host allocations of >= `megabytes` MiB by mmap (`train.mmap_threshold_mb`; fractions
+    """glibc only: serve host allocations of >= `megabytes` MiB by mmap (`cpu.mmap_threshold_mb`; fractions
     allowed, 0.25 = 256 KiB). Off by default (0).
 
     glibc's own threshold starts at 128 KiB and rises to the size of the largest freed mmapped block (at most
@@ -77,7 +77,7 @@ def set_mmap_threshold(megabytes: float) -> bool:
 
 def release_free_heap() -> bool:
     """glibc only: give the pages of the heap's free chunks back to the OS (``malloc_trim(0)``), so memory that
-    freed tensors left as holes inside the heap stops counting in the resident set (`train.malloc_trim`). The next
+    freed tensors left as holes inside the heap stops counting in the resident set (`cpu.malloc_trim`). The next
     allocations there fault fresh zero pages in again. Returns False on a non-glibc libc (nothing done)."""
     libc = _glibc()
     if libc is None:
