@@ -10,6 +10,7 @@ from grpo.modeling.logprobs import fixed_logprobs
 from grpo.rollout.multiturn import sample_episodes, written_mask
 from grpo.rollout.params import Prompts, SamplingParams
 from tests.conftest import tiny_qwen2
+from tests.rollout.test_eos import Never
 
 OBS = [5, 6, 7]
 
@@ -97,19 +98,6 @@ def test_written_mask_by_hand():
     assert written_mask(action).tolist() == [[1, 1, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0], [0] * 6]
 
 
-class Silent:
-    """A driver that never feeds an observation nor ends an episode: every episode is one turn."""
-
-    def __init__(self):
-        self.finished = {}
-
-    def after_token(self, row, token):
-        return [], False
-
-    def finish(self, row, ended_by_eos):
-        self.finished[row] = ended_by_eos
-
-
 def test_an_episode_of_one_turn_is_a_single_turn_sample():
     """Single-turn sampling and episodes run one decode loop: with a driver that never acts, an episode is the
     single-turn completion bit for bit (tokens, log-probs, masks, truncation), the repetition penalty included."""
@@ -123,7 +111,7 @@ def test_an_episode_of_one_turn_is_a_single_turn_sample():
         probe = sample(model, prompts, params.with_(stop_token_ids=(-1,)), pad_token_id=0).completion_ids
         params = params.with_(stop_token_ids=(1, int(probe[0, 3])))        # row 0 ends by its 4th token
         one = sample(model, prompts, params, pad_token_id=0)
-        driver = Silent()
+        driver = Never()              # never feeds an observation nor ends an episode: one turn
         ep = sample_episodes(model, prompts, params, driver, pad_token_id=0)
         for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_logprobs",
                      "truncated"):
