@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 pytest.importorskip("vllm", reason="the vLLM venv (make test-vllm) runs these")
 
@@ -34,6 +35,8 @@ def test_a_trl_recipe_with_use_vllm_colocate_trains_on_vllm(tmp_path, capsys, mo
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     # TRL's vLLM importance-sampling correction is on (sequence_mask) and the sampler matches the policy
-    config = (tmp_path / "run" / "config.yaml").read_text()
-    assert "rollout_correction: sequence_mask" in config and "engine: vllm" in config
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    correction = config["algorithm"]["rollout_correction"]
+    assert (correction["name"] if isinstance(correction, dict) else correction) == "sequence_mask"
+    assert config["rollout"]["engine"] == "vllm"
     assert all(abs(r["rollout/logprob_diff"]) < 1e-3 for r in records)

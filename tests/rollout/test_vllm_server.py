@@ -249,7 +249,7 @@ def test_samples_carry_processed_logprobs_and_repeat_per_prompt_seed(server):
 def train_argv(out: Path, port: int, steps: int) -> list[str]:
     return [sys.executable, "-m", "grpo", "train", "--output-dir", str(out), "--max-steps", str(steps),
             "--rollout.engine", "vllm", "--rollout.vllm.mode", "server", "--rollout.vllm.server_port", str(port),
-            "--rollout.vllm.server_timeout", "5", "--train.prompts_per_step", "2", "--rollout.num_generations", "4",
+            "--rollout.vllm.server_timeout", "20", "--train.prompts_per_step", "2", "--rollout.num_generations", "4",
             "--rollout.max_new_tokens", "16", "--train.save_steps", "1", "--cpu.num_threads", "1",
             "--log.progress_bar", "false"]
 
